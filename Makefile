@@ -1,0 +1,187 @@
+# tandem — one entry point for building, testing and fuzzing.
+#
+#   make                 build the `tandem` CLI into build/release/
+#   make test            build and run the CPU unit tests (CMocka)
+#   make SAN=asan test   the same under AddressSanitizer (+UBSan);  SAN=ubsan: UBSan only
+#   make fuzz            build the libFuzzer targets and run each for FUZZ_SECONDS (default 60)
+#   make fuzz-smoke      run each fuzz target for a few seconds (CI)
+#   make gpu             build cuda/ with nvcc (when nvcc exists)
+#   make install PREFIX=/usr/local
+#   make clean
+#
+# Objects go to build/<variant>/ mirroring the source tree; header dependencies come from
+# -MMD -MP; a flags file forces a rebuild when compiler flags change. Missing system
+# packages are installed by scripts/install-deps.sh before the first compile.
+
+SHELL   := /bin/bash
+SAN     ?=
+PREFIX  ?= /usr/local
+CC      ?= cc
+FUZZ_SECONDS ?= 60
+FUZZ_SMOKE_SECONDS ?= 5
+
+ifeq ($(SAN),)
+VARIANT := release
+SANFLAGS :=
+else ifeq ($(SAN),asan)
+VARIANT := asan
+SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+else ifeq ($(SAN),ubsan)
+VARIANT := ubsan
+SANFLAGS := -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+else
+$(error SAN must be empty, asan or ubsan (got '$(SAN)'))
+endif
+
+OUT := build/$(VARIANT)
+
+# Warnings are errors. -ffp-contract=off keeps a*b+c as two roundings on every compiler, so
+# numeric results do not depend on FMA contraction.
+WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+        -Wformat=2 -Wvla -Wpointer-arith -Wundef -Wcast-align -Wnull-dereference \
+        -Wdouble-promotion -Wno-format-nonliteral
+CSTD := -std=c11 -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64
+OPT  ?= -O2 -g
+CFLAGS_ALL := $(CSTD) $(OPT) $(WARN) -ffp-contract=off -fno-strict-aliasing $(SANFLAGS) \
+              -Icore -I. -MMD -MP $(CFLAGS)
+LDFLAGS_ALL := $(SANFLAGS) $(LDFLAGS)
+LDLIBS_ALL := -lcjson -lsqlite3 -lm -lpthread $(LDLIBS)
+TEST_LDLIBS := -lcmocka
+
+# Version and commit are compiled into the binary (provenance).
+TD_VERSION := 0.1.0
+TD_COMMIT := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+TD_DIRTY := $(shell test -n "$$(git status --porcelain 2>/dev/null)" && echo -dirty)
+VERSION_FLAGS := -DTD_VERSION='"$(TD_VERSION)"' -DTD_COMMIT='"$(TD_COMMIT)$(TD_DIRTY)"'
+
+# ---- sources (discovered, so new modules need no Makefile edit) ----------------------------
+LIB_DIRS := core ref audit quality db
+LIB_SRC  := $(sort $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+CLI_SRC  := $(sort $(wildcard cli/*.c))
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(OUT)/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(OUT)/%.o)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(OUT)/tests/%)
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(OUT)/bench/%)
+LIB      := $(OUT)/libtandem.a
+TANDEM   := $(OUT)/tandem
+
+.PHONY: all test check fuzz fuzz-smoke gpu gpu-test install clean deps FORCE bench
+.DEFAULT_GOAL := all
+
+all: $(TANDEM)
+	@echo "built $(TANDEM) ($(VARIANT))"
+	@$(NVCC_NOTE)
+
+# ---- dependency check: install missing packages once, quietly when all are present --------
+deps:
+	@scripts/install-deps.sh
+
+# ---- flags file: rewritten only when the flags change --------------------------------------
+$(OUT)/.flags: FORCE | deps
+	@mkdir -p $(OUT)
+	@echo '$(CC) $(CFLAGS_ALL) $(LDFLAGS_ALL) $(LDLIBS_ALL)' > $(OUT)/.flags.new
+	@if ! cmp -s $(OUT)/.flags.new $@; then mv $(OUT)/.flags.new $@; \
+	  [ -n "$$TD_QUIET_FLAGS" ] || echo "* new build flags for $(VARIANT)"; else rm -f $(OUT)/.flags.new; fi
+
+$(OUT)/%.o: %.c $(OUT)/.flags
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+# The version file embeds the commit; rebuild it every time so the binary never lies.
+$(OUT)/core/version.o: FORCE
+$(OUT)/core/version.o: CFLAGS_ALL += $(VERSION_FLAGS)
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(@D)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(TANDEM): $(CLI_OBJ) $(LIB)
+	$(CC) $(LDFLAGS_ALL) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS_ALL)
+
+$(OUT)/tests/%: $(OUT)/tests/%.o $(LIB)
+	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB) $(TEST_LDLIBS) $(LDLIBS_ALL)
+
+$(OUT)/bench/%: $(OUT)/bench/%.o $(LIB)
+	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB) $(LDLIBS_ALL)
+
+# ---- tests ---------------------------------------------------------------------------------
+# Each test binary runs from the repository root with TD_TANDEM pointing at the CLI (for
+# end-to-end tests) and TD_TEST_TMP at a scratch directory under build/.
+test: $(TEST_BIN) $(TANDEM)
+	@mkdir -p $(OUT)/tmp
+	@pass=0; fail=0; failed=""; \
+	for t in $(TEST_BIN); do \
+	  if TD_TANDEM=$(TANDEM) TD_TEST_TMP=$(OUT)/tmp $$t; then pass=$$((pass+1)); \
+	  else fail=$$((fail+1)); failed="$$failed $$(basename $$t)"; fi; \
+	done; \
+	echo "test binaries ($(VARIANT)): $$pass passed, $$fail failed$${failed:+ (}$${failed# }$${failed:+)}"; \
+	[ $$fail -eq 0 ]
+
+check: test
+
+bench: $(BENCH_BIN)
+	@echo "built: $(BENCH_BIN)"
+
+# ---- fuzzing (clang + libFuzzer; the library is rebuilt with clang into build/fuzz) --------
+FUZZ_OUT := build/fuzz
+FUZZ_CC  := clang
+FUZZ_CFLAGS := $(CSTD) -O1 -g -fsanitize=fuzzer-no-link,address,undefined \
+               -fno-sanitize-recover=all -Icore -I. -MMD -MP -ffp-contract=off
+FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_OUT)/%.o)
+FUZZ_BIN := $(FUZZ_SRC:fuzz/%.c=$(FUZZ_OUT)/%)
+
+$(FUZZ_OUT)/%.o: %.c | deps
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+
+$(FUZZ_OUT)/fuzz_%: $(FUZZ_OUT)/fuzz/fuzz_%.o $(FUZZ_LIB_OBJ)
+	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS_ALL)
+
+fuzz: $(FUZZ_BIN)
+	@for f in $(FUZZ_BIN); do n=$$(basename $$f); mkdir -p $(FUZZ_OUT)/corpus/$$n; \
+	  echo "fuzz $$n for $(FUZZ_SECONDS)s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(FUZZ_OUT)/corpus/$$n fuzz/corpus/$$n || exit 1; done
+
+fuzz-smoke: $(FUZZ_BIN)
+	@for f in $(FUZZ_BIN); do n=$$(basename $$f); mkdir -p $(FUZZ_OUT)/corpus/$$n; \
+	  $$f -max_total_time=$(FUZZ_SMOKE_SECONDS) -max_len=65536 $(FUZZ_OUT)/corpus/$$n fuzz/corpus/$$n \
+	    > $(FUZZ_OUT)/$$n.log 2>&1 || { tail -40 $(FUZZ_OUT)/$$n.log; exit 1; }; \
+	  echo "fuzz $$n: $$(grep -o 'Done [0-9]* runs' $(FUZZ_OUT)/$$n.log) in $(FUZZ_SMOKE_SECONDS)s, no crash"; done
+
+-include $(shell find build -name '*.d' 2>/dev/null)
+
+# ---- CUDA ----------------------------------------------------------------------------------
+NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+CUDA_SRC := $(sort $(wildcard cuda/*.cu))
+ifeq ($(NVCC),)
+NVCC_NOTE := echo "✗ nvcc not found: cuda/ is not built (everything else is)"
+else
+NVCC_NOTE := echo "✓ nvcc found ($(NVCC)): 'make gpu' builds cuda/"
+endif
+
+gpu:
+ifeq ($(NVCC),)
+	@echo "✗ nvcc not found: cannot build cuda/"; exit 1
+else ifeq ($(CUDA_SRC),)
+	@echo "✓ nvcc found; cuda/ has no kernels yet (they arrive with the CUDA engine issue)"
+else
+	@echo "cuda/ build rules arrive with the CUDA engine"; exit 1
+endif
+
+# ---- install -------------------------------------------------------------------------------
+install: $(TANDEM)
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(TANDEM) $(DESTDIR)$(PREFIX)/bin/tandem
+	@echo "installed $(DESTDIR)$(PREFIX)/bin/tandem"
+
+clean:
+	rm -rf build
+
+FORCE:
+
+.SECONDARY:
