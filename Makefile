@@ -17,6 +17,12 @@ SHELL   := /bin/bash
 SAN     ?=
 PREFIX  ?= /usr/local
 CC      ?= cc
+V       ?= 0
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 5
 
@@ -89,38 +95,40 @@ $(OUT)/.flags: FORCE | deps
 
 $(OUT)/%.o: %.c $(OUT)/.flags
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_ALL) -c $< -o $@
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+# CMocka's assert_non_null() is not marked noreturn, so gcc reports dereferences after it.
+$(OUT)/tests/%.o: private CFLAGS_ALL += -Wno-null-dereference
 
 # The version file embeds the commit; rebuild it every time so the binary never lies.
 $(OUT)/core/version.o: FORCE
-$(OUT)/core/version.o: CFLAGS_ALL += $(VERSION_FLAGS)
+$(OUT)/core/version.o: private CFLAGS_ALL += $(VERSION_FLAGS)
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(@D)
 	@rm -f $@
-	ar rcs $@ $^
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)ar rcs $@ $^
 
 $(TANDEM): $(CLI_OBJ) $(LIB)
-	$(CC) $(LDFLAGS_ALL) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS_ALL)
+	@$(if $(Q),echo "  LINK    $@")
+	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS_ALL)
 
 $(OUT)/tests/%: $(OUT)/tests/%.o $(LIB)
-	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB) $(TEST_LDLIBS) $(LDLIBS_ALL)
+	@$(if $(Q),echo "  LINK    $@")
+	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB) $(TEST_LDLIBS) $(LDLIBS_ALL)
 
 $(OUT)/bench/%: $(OUT)/bench/%.o $(LIB)
-	$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB) $(LDLIBS_ALL)
+	@$(if $(Q),echo "  LINK    $@")
+	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIB) $(LDLIBS_ALL)
 
 # ---- tests ---------------------------------------------------------------------------------
 # Each test binary runs from the repository root with TD_TANDEM pointing at the CLI (for
 # end-to-end tests) and TD_TEST_TMP at a scratch directory under build/.
 test: $(TEST_BIN) $(TANDEM)
 	@mkdir -p $(OUT)/tmp
-	@pass=0; fail=0; failed=""; \
-	for t in $(TEST_BIN); do \
-	  if TD_TANDEM=$(TANDEM) TD_TEST_TMP=$(OUT)/tmp $$t; then pass=$$((pass+1)); \
-	  else fail=$$((fail+1)); failed="$$failed $$(basename $$t)"; fi; \
-	done; \
-	echo "test binaries ($(VARIANT)): $$pass passed, $$fail failed$${failed:+ (}$${failed# }$${failed:+)}"; \
-	[ $$fail -eq 0 ]
+	@TD_TANDEM=$(TANDEM) TD_TEST_TMP=$(OUT)/tmp scripts/run-tests.sh $(VARIANT) $(TEST_BIN)
 
 check: test
 
@@ -137,10 +145,12 @@ FUZZ_BIN := $(FUZZ_SRC:fuzz/%.c=$(FUZZ_OUT)/%)
 
 $(FUZZ_OUT)/%.o: %.c | deps
 	@mkdir -p $(@D)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+	@$(if $(Q),echo "  CC      $< (fuzz)")
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
 
 $(FUZZ_OUT)/fuzz_%: $(FUZZ_OUT)/fuzz/fuzz_%.o $(FUZZ_LIB_OBJ)
-	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS_ALL)
+	@$(if $(Q),echo "  LINK    $@")
+	$(Q)$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS_ALL)
 
 fuzz: $(FUZZ_BIN)
 	@for f in $(FUZZ_BIN); do n=$$(basename $$f); mkdir -p $(FUZZ_OUT)/corpus/$$n; \

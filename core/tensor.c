@@ -123,6 +123,7 @@ int64_t td_tensor_numel(const td_tensor *t)
 
 bool td_tensor_is_contiguous(const td_tensor *t)
 {
+    if (td_tensor_numel(t) == 0) return true; /* no element to be out of place */
     int64_t stride = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] != 1 && t->strides[i] != stride) return false;
