@@ -9,5 +9,6 @@
 #define TD_CLI_H
 
 int cmd_inspect(int argc, char **argv);
+int cmd_db(int argc, char **argv);
 
 #endif

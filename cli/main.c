@@ -16,6 +16,7 @@ static const struct {
     const char *summary;
 } commands[] = {
     {"inspect", cmd_inspect, "describe a checkpoint and report inconsistencies"},
+    {"db", cmd_db, "query and maintain the results store"},
 };
 
 static void usage(FILE *f)
