@@ -8,22 +8,6 @@
 
 #include <string.h>
 
-/* ---- bit punning ---------------------------------------------------------------------- */
-
-static uint32_t f32_bits(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-
-static float f32_from_bits(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
 /* sig / 2^shift rounded to nearest, ties to even. 1 <= shift <= 31. */
 static uint32_t round_shift_rne(uint32_t sig, unsigned shift)
 {
@@ -42,7 +26,7 @@ static uint32_t round_shift_rne(uint32_t sig, unsigned shift)
 
 uint16_t td_f32_to_f16(float x)
 {
-    uint32_t u = f32_bits(x);
+    uint32_t u = td_f32_bits(x);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
     uint32_t a = u & F32_ABS_MASK;
 
@@ -73,19 +57,19 @@ float td_f16_to_f32(uint16_t h)
     uint32_t e = (h >> 10) & 0x1F;
     uint32_t m = h & 0x3FF;
     if (e == 0x1F) /* inf or NaN: payload bits moved into place unchanged */
-        return f32_from_bits(sign | F32_EXP_MASK | (m << 13));
+        return td_f32_from_bits(sign | F32_EXP_MASK | (m << 13));
     if (e == 0) { /* zero or subnormal: m * 2^-24, exact in float32 */
         float v = (float)m * 0x1p-24f;
-        return f32_from_bits(sign | f32_bits(v));
+        return td_f32_from_bits(sign | td_f32_bits(v));
     }
-    return f32_from_bits(sign | ((e + 112) << 23) | (m << 13));
+    return td_f32_from_bits(sign | ((e + 112) << 23) | (m << 13));
 }
 
 /* ---- BF16 ----------------------------------------------------------------------------- */
 
 uint16_t td_f32_to_bf16(float x)
 {
-    uint32_t u = f32_bits(x);
+    uint32_t u = td_f32_bits(x);
     if ((u & F32_ABS_MASK) > F32_EXP_MASK) /* NaN: quiet, sign and top 7 payload bits kept */
         return (uint16_t)((u >> 16) | 0x0040);
     /* Drop 16 bits with RNE. The exponent field sits directly above the mantissa, so a
@@ -97,7 +81,7 @@ uint16_t td_f32_to_bf16(float x)
 
 float td_bf16_to_f32(uint16_t h)
 {
-    return f32_from_bits((uint32_t)h << 16);
+    return td_f32_from_bits((uint32_t)h << 16);
 }
 
 /* ---- E4M3FN --------------------------------------------------------------------------- */
@@ -133,13 +117,13 @@ float td_e4m3_to_f32(uint8_t b)
     uint32_t sign = (uint32_t)(b & 0x80) << 24;
     uint32_t e = (b >> 3) & 0xF;
     uint32_t m = b & 7;
-    if ((b & 0x7F) == 0x7F) return f32_from_bits(sign | UINT32_C(0x7FC00000));
+    if ((b & 0x7F) == 0x7F) return td_f32_from_bits(sign | UINT32_C(0x7FC00000));
     if (e == 0) { /* zero or subnormal: m * 2^-9 */
         float v = (float)m * 0x1p-9f;
-        return f32_from_bits(sign | f32_bits(v));
+        return td_f32_from_bits(sign | td_f32_bits(v));
     }
     /* (1 + m/8) * 2^(e-7): rebias 7 -> 127 and put m at the top of the mantissa */
-    return f32_from_bits(sign | ((e + 120) << 23) | (m << 20));
+    return td_f32_from_bits(sign | ((e + 120) << 23) | (m << 20));
 }
 
 /* |x| (finite float32 bits `a`) -> E4M3 magnitude code with RNE. Returns a value > 0x7E when
@@ -165,7 +149,7 @@ static uint32_t e4m3_round_magnitude(uint32_t a)
 uint8_t td_f32_to_e4m3(float x, td_e4m3_mode mode)
 {
     TD_ASSERT((unsigned)mode < TD_E4M3_MODE_COUNT);
-    uint32_t u = f32_bits(x);
+    uint32_t u = td_f32_bits(x);
     uint8_t sign = (uint8_t)((u >> 24) & 0x80);
     uint32_t a = u & F32_ABS_MASK;
     uint8_t overflow = (mode == TD_E4M3_SATFINITE) ? 0x7E : 0x7F;
@@ -187,7 +171,7 @@ td_status td_f32_to_e2m1(float y, td_e2m1_sign sign_rule, uint8_t *code, td_err 
     TD_ASSERT((unsigned)sign_rule < TD_E2M1_SIGN_COUNT);
     if (isnan(y))
         return td_err_set(err, TD_ERR_ARG, "E2M1 encode: input is NaN (float32 bits 0x%08X)",
-                          (unsigned)f32_bits(y));
+                          (unsigned)td_f32_bits(y));
     *code = td_e2m1_encode(y, sign_rule);
     return TD_OK;
 }

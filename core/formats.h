@@ -29,6 +29,7 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <string.h>
 
 /* ---- FP16 (IEEE binary16: 1-5-10, bias 15, max 65504) ----------------------------------- */
 
@@ -76,6 +77,21 @@ typedef enum td_e4m3_mode {
 const char *td_e4m3_mode_name(td_e4m3_mode mode);
 /* Inverse of td_e4m3_mode_name(). Unknown names fail with TD_ERR_ARG naming the string. */
 td_status td_e4m3_mode_from_name(const char *name, td_e4m3_mode *mode, td_err *err);
+
+/* float32 <-> bit pattern (memcpy, no aliasing hazards). */
+static inline uint32_t td_f32_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static inline float td_f32_from_bits(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
 
 /* E4M3FN -> float32, exact. 0x7F -> +NaN (0x7FC00000), 0xFF -> -NaN (0xFFC00000), 0x80 ->
  * -0.0, codes with exponent field 0 are subnormals m·2^-9. */
