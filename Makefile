@@ -75,7 +75,7 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(OUT)/bench/%)
 LIB      := $(OUT)/libtandem.a
 TANDEM   := $(OUT)/tandem
 
-.PHONY: all test check fuzz fuzz-smoke gpu gpu-test install clean deps FORCE bench
+.PHONY: all test check fuzz fuzz-smoke gpu gpu-test install clean deps FORCE bench demo
 .DEFAULT_GOAL := all
 
 all: $(TANDEM)
@@ -134,6 +134,20 @@ check: test
 
 bench: $(BENCH_BIN)
 	@echo "built: $(BENCH_BIN)"
+
+# ---- demo ----------------------------------------------------------------------------------
+# `make demo`: install what is missing and build (through $(TANDEM)), write the synthetic
+# flash-next-tiny checkpoint (NVFP4 routed experts, FP8 PLE table; deterministic for the
+# seed) into build/demo/, then run the main job on it. One numbered step per job: each audit
+# adds its step at the end.
+DEMO_DIR  := build/demo/flash-next-tiny
+DEMO_SEED := 1
+
+demo: $(TANDEM)
+	@echo "== demo 1/2: generate $(DEMO_DIR) (preset flash-next-tiny, seed $(DEMO_SEED))"
+	$(TANDEM) gen --preset flash-next-tiny --out $(DEMO_DIR) --seed $(DEMO_SEED) --force
+	@echo "== demo 2/2: inspect the checkpoint"
+	$(TANDEM) inspect --model $(DEMO_DIR)
 
 # ---- fuzzing (clang + libFuzzer; the library is rebuilt with clang into build/fuzz) --------
 FUZZ_OUT := build/fuzz

@@ -9,6 +9,8 @@
 #define TD_CLI_H
 
 int cmd_inspect(int argc, char **argv);
+int cmd_gen(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 int cmd_db(int argc, char **argv);
 
 #endif

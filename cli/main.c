@@ -15,6 +15,8 @@ static const struct {
     int (*fn)(int argc, char **argv);
     const char *summary;
 } commands[] = {
+    {"gen", cmd_gen, "write a synthetic checkpoint in the real format (presets)"},
+    {"quantize", cmd_quantize, "quantize a BF16/F16/F32 checkpoint to NVFP4"},
     {"inspect", cmd_inspect, "describe a checkpoint and report inconsistencies"},
     {"db", cmd_db, "query and maintain the results store"},
 };
