@@ -138,16 +138,27 @@ bench: $(BENCH_BIN)
 # ---- demo ----------------------------------------------------------------------------------
 # `make demo`: install what is missing and build (through $(TANDEM)), write the synthetic
 # flash-next-tiny checkpoint (NVFP4 routed experts, FP8 PLE table; deterministic for the
-# seed) into build/demo/, then run the main job on it. One numbered step per job: each audit
-# adds its step at the end.
+# seed) into build/demo/, inspect it, run the audits with results stored in build/demo/tandem.db,
+# list the stored runs and check this run against the baseline 'demo' (set on first use).
 DEMO_DIR  := build/demo/flash-next-tiny
 DEMO_SEED := 1
 
+DEMO_DB   := build/demo/tandem.db
+
 demo: $(TANDEM)
-	@echo "== demo 1/2: generate $(DEMO_DIR) (preset flash-next-tiny, seed $(DEMO_SEED))"
+	@echo "== demo 1/5: generate $(DEMO_DIR) (preset flash-next-tiny, seed $(DEMO_SEED))"
 	$(TANDEM) gen --preset flash-next-tiny --out $(DEMO_DIR) --seed $(DEMO_SEED) --force
-	@echo "== demo 2/2: inspect the checkpoint"
+	@echo "== demo 2/5: inspect the checkpoint"
 	$(TANDEM) inspect --model $(DEMO_DIR)
+	@echo "== demo 3/5: E4M3 codec self-audit and raw-vs-prepared scale-storage audit"
+	$(TANDEM) audit e4m3 --model $(DEMO_DIR) --tp 2 --db $(DEMO_DB)
+	@echo "== demo 4/5: runs in the results store $(DEMO_DB)"
+	$(TANDEM) db runs --db $(DEMO_DB) --limit 10
+	@echo "== demo 5/5: regression check of this run against the baseline 'demo'"
+	@if ! $(TANDEM) db baseline list --db $(DEMO_DB) | grep -q '^demo '; then \
+	  echo "(first run: setting baseline 'demo' to this run)"; \
+	  $(TANDEM) db baseline set demo latest:audit.e4m3 --db $(DEMO_DB); fi
+	$(TANDEM) db regress --baseline demo --run latest:audit.e4m3 --db $(DEMO_DB)
 
 # ---- fuzzing (clang + libFuzzer; the library is rebuilt with clang into build/fuzz) --------
 FUZZ_OUT := build/fuzz
