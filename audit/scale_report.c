@@ -2,6 +2,8 @@
 #include "scale_report.h"
 #include "version.h"
 
+#include "json.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -329,24 +331,6 @@ struct td_e4m3_json {
     bool failed;
 };
 
-static void js_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-        switch (*p) {
-        case '"': fputs("\\\"", f); break;
-        case '\\': fputs("\\\\", f); break;
-        case '\n': fputs("\\n", f); break;
-        case '\r': fputs("\\r", f); break;
-        case '\t': fputs("\\t", f); break;
-        default:
-            if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-            else fputc(*p, f);
-        }
-    }
-    fputc('"', f);
-}
-
 static void js_num(FILE *f, double v)
 {
     if (isfinite(v)) fprintf(f, "%.9g", v);
@@ -379,9 +363,9 @@ td_status td_e4m3_json_open(const char *path, td_e4m3_json **out, td_err *err)
         }
     }
     fprintf(j->f, "{\"command\":\"audit e4m3\",\"tandem_version\":");
-    js_str(j->f, td_version());
+    td_json_fput_str(j->f, td_version());
     fprintf(j->f, ",\"tandem_commit\":");
-    js_str(j->f, td_commit());
+    td_json_fput_str(j->f, td_commit());
     *out = j;
     return TD_OK;
 }
@@ -391,18 +375,18 @@ td_status td_e4m3_json_codec(td_e4m3_json *j, const td_codec_report *rep, td_err
     (void)err;
     FILE *f = j->f;
     fprintf(f, ",\n\"codec\":{\"codec\":");
-    js_str(f, rep->codec);
+    td_json_fput_str(f, rep->codec);
     fprintf(f, ",\"seed\":%llu,\"seconds\":", (unsigned long long)rep->seed);
     js_num(f, rep->seconds);
     fprintf(f, ",\"passed\":%s,\"checks\":[", rep->failed ? "false" : "true");
     for (size_t i = 0; i < rep->n; i++) {
         const td_codec_check *k = &rep->checks[i];
         fprintf(f, "%s\n {\"name\":", i ? "," : "");
-        js_str(f, k->name);
+        td_json_fput_str(f, k->name);
         fprintf(f, ",\"elements\":%lld,\"mismatches\":%lld,\"nan_mismatches\":%lld,\"first_index\":%lld,"
                    "\"first\":", (long long)k->elements, (long long)k->mismatches,
                 (long long)k->nan_mismatches, (long long)k->first_index);
-        if (k->first[0]) js_str(f, k->first);
+        if (k->first[0]) td_json_fput_str(f, k->first);
         else fputs("null", f);
         fprintf(f, ",\"verdict\":\"%s\"}", k->passed ? "pass" : "fail");
     }
@@ -415,17 +399,17 @@ td_status td_e4m3_json_begin(td_e4m3_json *j, const td_scale_info *info, td_err 
     (void)err;
     FILE *f = j->f;
     fprintf(f, ",\n\"checkpoint\":{\"model\":");
-    js_str(f, info->model);
+    td_json_fput_str(f, info->model);
     fprintf(f, ",\"family\":");
-    js_str(f, info->family);
+    td_json_fput_str(f, info->family);
     fprintf(f, ",\"model_type\":");
-    js_str(f, info->model_type);
+    td_json_fput_str(f, info->model_type);
     fprintf(f, ",\"prefix\":");
-    js_str(f, info->prefix);
+    td_json_fput_str(f, info->prefix);
     fprintf(f, ",\"quant_algo\":");
-    js_str(f, info->quant_algo);
+    td_json_fput_str(f, info->quant_algo);
     fprintf(f, ",\"producer\":");
-    js_str(f, info->producer);
+    td_json_fput_str(f, info->producer);
     fprintf(f, ",\"tp\":%d,\"threads\":%d,\"elementwise\":%s,\"tensors\":%lld}", info->tp, info->threads,
             info->elementwise ? "true" : "false", (long long)info->tensors);
     fprintf(f, ",\n\"layers\":[");
@@ -519,23 +503,23 @@ static void js_sum(FILE *f, const td_scale_layer_sum *s)
 static void js_tensor(FILE *f, const td_scale_tensor *t, int tp)
 {
     fprintf(f, "{\"tensor\":");
-    js_str(f, t->scale_name);
+    td_json_fput_str(f, t->scale_name);
     fprintf(f, ",\"global_tensor\":");
-    js_str(f, t->global_name);
+    td_json_fput_str(f, t->global_name);
     fprintf(f, ",\"module\":");
-    js_str(f, t->module);
+    td_json_fput_str(f, t->module);
     fprintf(f, ",\"layer\":%d,\"expert\":%d,\"proj\":", (int)t->layer, (int)t->expert);
     if (t->proj == TD_MOE_NONE) fputs("null", f);
-    else js_str(f, td_scale_proj_name(t->proj));
+    else td_json_fput_str(f, td_scale_proj_name(t->proj));
     fprintf(f, ",\"stage\":");
-    js_str(f, t->stage);
+    td_json_fput_str(f, t->stage);
     fprintf(f, ",\"convention\":");
-    js_str(f, td_nvfp4_conv_name(t->conv));
+    td_json_fput_str(f, td_nvfp4_conv_name(t->conv));
     fprintf(f, ",\"shape\":[%lld,%lld],\"verdict\":\"%s\"", (long long)t->rows, (long long)t->cols,
             t->status ? "error" : t->admit ? "admit" : "reject");
     if (t->status) {
         fprintf(f, ",\"error\":");
-        js_str(f, t->error);
+        td_json_fput_str(f, t->error);
         fputc('}', f);
         return;
     }
@@ -589,7 +573,7 @@ static void js_tensor(FILE *f, const td_scale_tensor *t, int tp)
 static void js_stage(FILE *f, const td_scale_stage *s)
 {
     fprintf(f, "{\"stage\":");
-    js_str(f, s->name);
+    td_json_fput_str(f, s->name);
     fprintf(f, ",\"layer\":%d,\"rank\":", (int)s->layer);
     if (s->rank >= 0) fprintf(f, "%d", (int)s->rank);
     else fputs("null", f);
@@ -598,7 +582,7 @@ static void js_stage(FILE *f, const td_scale_stage *s)
             s->admit ? "admit" : "reject", (long long)s->tensors, (long long)s->tensors_rejected,
             (long long)s->elements, (long long)s->rejected, (long long)s->globals,
             (long long)s->saved_bytes);
-    if (s->first_tensor[0]) js_str(f, s->first_tensor);
+    if (s->first_tensor[0]) td_json_fput_str(f, s->first_tensor);
     else fputs("null", f);
     fprintf(f, ",\"first_reason\":");
     if (s->first_tensor[0]) fprintf(f, "\"%s\"", td_scale_reason_name(s->first_reason));
@@ -648,13 +632,13 @@ td_status td_e4m3_json_layer(td_e4m3_json *j, const td_scale_layer *l, td_err *e
         const td_scale_finding *x = &l->findings[i];
         fprintf(f, "%s\n {\"kind\":\"%s\",\"counts\":%s,\"module\":", i ? "," : "",
                 td_scale_finding_kind_name(x->kind), x->counts ? "true" : "false");
-        js_str(f, x->module);
+        td_json_fput_str(f, x->module);
         fprintf(f, ",\"expert\":%d,\"a\":", (int)x->expert);
         js_num(f, (double)x->a);
         fprintf(f, ",\"b\":");
         js_num(f, (double)x->b);
         fprintf(f, ",\"message\":");
-        js_str(f, x->msg);
+        td_json_fput_str(f, x->msg);
         fputc('}', f);
     }
     fprintf(f, "]}");

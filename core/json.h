@@ -19,6 +19,7 @@
 #include "td.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <cjson/cJSON.h>
 
 #define TD_JSON_MAX_DEPTH 64
@@ -54,6 +55,11 @@ td_status td_json_opt_str(const cJSON *obj, const char *key, const char *where,
                           const char **out, td_err *err);
 td_status td_json_opt_bool(const cJSON *obj, const char *key, const char *where, bool *out,
                            td_err *err);
+
+/* Write `s` (NULL = "") to f as a JSON string literal: quotes, backslashes and control
+ * characters escaped, other bytes passed through (callers keep strings UTF-8). For writers
+ * that stream large JSON without building a cJSON tree. */
+void td_json_fput_str(FILE *f, const char *s);
 
 /* Integer value of a node (not a member lookup). */
 td_status td_json_as_int(const cJSON *node, const char *where, int64_t *out, td_err *err);

@@ -36,24 +36,6 @@ static bool col_list(char *out, size_t cap, const td_db_col *cols, size_t n, con
 
 /* ==== JSON and CSV writers =================================================================== */
 
-static void json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        switch (*p) {
-        case '"': fputs("\\\"", f); break;
-        case '\\': fputs("\\\\", f); break;
-        case '\n': fputs("\\n", f); break;
-        case '\r': fputs("\\r", f); break;
-        case '\t': fputs("\\t", f); break;
-        default:
-            if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-            else fputc(*p, f);
-        }
-    }
-    fputc('"', f);
-}
-
 static bool is_json_text_col(const char *name)
 {
     return !strcmp(name, "command_line") || !strcmp(name, "env") || !strcmp(name, "variants") ||
@@ -77,10 +59,10 @@ static void json_value(FILE *f, sqlite3_stmt *st, int i, bool embed_json)
         if (j && (cJSON_IsArray(j) || cJSON_IsObject(j))) {
             char *p = cJSON_PrintUnformatted(j);
             if (p) fputs(p, f);
-            else json_string(f, t);
+            else td_json_fput_str(f, t);
             cJSON_free(p);
         } else {
-            json_string(f, t);
+            td_json_fput_str(f, t);
         }
         cJSON_Delete(j);
         break;

@@ -120,6 +120,34 @@ static void json_read_file_names_path(void **state)
     cJSON_Delete(j);
 }
 
+static void json_fput_str_escapes_and_round_trips(void **state)
+{
+    (void)state;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    const char *s = "a\"b\\c\nd\re\tf\x01g\x1fh \xc3\xa9";
+    td_json_fput_str(f, s);
+    fputc(' ', f);
+    td_json_fput_str(f, NULL);
+    assert_int_equal(fclose(f), 0);
+    assert_string_equal(buf, "\"a\\\"b\\\\c\\nd\\re\\tf\\u0001g\\u001fh \xc3\xa9\" \"\"");
+    /* what was written parses back to the original string */
+    cJSON *j;
+    td_err err;
+    char *arr = malloc(len + 8);
+    snprintf(arr, len + 8, "[%.*s]", (int)len, buf);
+    for (char *p = arr; *p; p++)
+        if (*p == ' ' && p[1] == '"' && p[2] == '"') *p = ',';
+    assert_int_equal(td_json_parse(arr, strlen(arr), 1 << 20, "w", &j, &err), TD_OK);
+    assert_string_equal(cJSON_GetArrayItem(j, 0)->valuestring, s);
+    assert_string_equal(cJSON_GetArrayItem(j, 1)->valuestring, "");
+    cJSON_Delete(j);
+    free(arr);
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -129,6 +157,7 @@ int main(void)
         cmocka_unit_test(json_embedded_nul_and_size_limit_rejected),
         cmocka_unit_test(json_integers_must_be_exact),
         cmocka_unit_test(json_read_file_names_path),
+        cmocka_unit_test(json_fput_str_escapes_and_round_trips),
     };
     return cmocka_run_group_tests_name("json", tests, NULL, NULL);
 }
