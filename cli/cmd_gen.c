@@ -41,6 +41,9 @@ static void usage(FILE *f)
             "  --fused-experts     with --unquantized: routed experts as 3-D experts.gate_up_proj\n"
             "                      [E, 2I, H] and experts.down_proj [E, H, I] (transformers layout)\n"
             "  --experts N         override the number of routed experts (a smaller variant)\n"
+            "  --layers LIST       write only these layers (e.g. 0,23,47): the model is made deep\n"
+            "                      enough to hold them and config.json records the subset\n"
+            "                      (\"tandem_layers_present\"), which inspect and the audits honour\n"
             "  --shard-size BYTES  at most BYTES per shard (suffixes K, M, G; 0 = one file);\n"
             "                      default: the preset's\n"
             "  --threads N         worker threads (default: online CPUs); output is identical\n"
@@ -50,6 +53,27 @@ static void usage(FILE *f)
             "  -h, --help          this text\n"
             "\n"
             "exit status: 0 written, 2 usage error or the checkpoint could not be written.\n");
+}
+
+/* "0,23,47": increasing layer ids, at most TD_CONFIG_MAX_LAYERS of them. */
+static bool parse_layer_list(const char *s, int64_t *ids, size_t *n)
+{
+    size_t k = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v >= TD_CONFIG_MAX_LAYERS || k >= TD_CONFIG_MAX_LAYERS)
+            return false;
+        if (k > 0 && v <= ids[k - 1]) return false;
+        ids[k++] = v;
+        if (*end == ',') end++;
+        else if (*end) return false;
+        p = end;
+    }
+    *n = k;
+    return k > 0;
 }
 
 /* "123", "64K", "8M", "1G" (binary multiples). */
@@ -103,6 +127,7 @@ int cmd_gen(int argc, char **argv)
 {
     td_gen_opts o;
     td_gen_opts_init(&o);
+    static int64_t layer_ids[TD_CONFIG_MAX_LAYERS];
     const char *out = NULL;
     bool json = false;
     o.progress = true;
@@ -142,6 +167,13 @@ int cmd_gen(int argc, char **argv)
                 return 2;
             }
             o.num_experts = (int64_t)e;
+        } else if (!strcmp(a, "--layers")) {
+            NEED_VAL();
+            if (!parse_layer_list(val, layer_ids, &o.n_layer_ids)) {
+                fprintf(stderr, "tandem gen: --layers '%s' must be increasing ids such as 0,23,47\n", val);
+                return 2;
+            }
+            o.layer_ids = layer_ids;
         } else if (!strcmp(a, "--shard-size")) {
             NEED_VAL();
             if (!parse_size(val, &o.shard_bytes)) {

@@ -322,6 +322,19 @@ td_status td_config_parse(const cJSON *root, const char *what, td_config *c, td_
         return td_err_set(err, TD_ERR_RANGE,
                           "%s: mlp_only_layers needs a positive intermediate_size", where);
 
+    TRY(int_array(o, "tandem_layers_present", where, c->layers_present, TD_CONFIG_MAX_LAYERS,
+                  &c->n_layers_present, err));
+    if (c->n_layers_present == 0 && o != root)
+        TRY(int_array(root, "tandem_layers_present", what, c->layers_present, TD_CONFIG_MAX_LAYERS,
+                      &c->n_layers_present, err));
+    for (int64_t i = 0; i < c->n_layers_present; i++) {
+        int64_t l = c->layers_present[i];
+        if (l < 0 || l >= c->num_hidden_layers || (i > 0 && l <= c->layers_present[i - 1]))
+            return td_err_set(err, TD_ERR_RANGE,
+                              "%s: \"tandem_layers_present\" must list increasing layer ids in 0..%lld (entry %lld is %lld)",
+                              where, (long long)c->num_hidden_layers - 1, (long long)i, (long long)l);
+    }
+
     int64_t mtp = -1;
     TRY(td_json_opt_int(o, "num_nextn_predict_layers", where, &mtp, err));
     TRY(td_json_opt_int(o, "mtp_num_hidden_layers", where, &mtp, err));
@@ -404,6 +417,14 @@ td_status td_config_load(const char *dir, td_config *cfg, td_err *err)
 int64_t td_config_rotary_dim(const td_config *c)
 {
     return (int64_t)((double)c->head_dim * c->partial_rotary_factor);
+}
+
+bool td_config_layer_present(const td_config *c, int64_t layer)
+{
+    if (c->n_layers_present == 0) return layer >= 0 && layer < c->num_hidden_layers;
+    for (int64_t i = 0; i < c->n_layers_present; i++)
+        if (c->layers_present[i] == layer) return true;
+    return false;
 }
 
 bool td_config_layer_is_moe(const td_config *c, int64_t layer)

@@ -19,6 +19,8 @@
  *   full_attention_interval: layer i is attention iff (i+1) % interval == 0.
  * - RoPE: "rope_parameters" (rope_theta, partial_rotary_factor, rope_type) takes precedence
  *   over top-level rope_theta / partial_rotary_factor.
+ * - "tandem_layers_present" (tandem's own key, top level or text config): the checkpoint holds
+ *   the tensors of these layers only (global tensors always); sorted, unique, in range.
  * - Consistency checks: positive dimensions; heads divisible by KV heads; linear value heads
  *   divisible by linear key heads; top-k <= experts; layer_types length = num_hidden_layers;
  *   rotary dim even and <= head_dim; PLE layer ids within 1..num_hidden_layers; for qwen4_exp
@@ -82,6 +84,12 @@ typedef struct td_config {
     int64_t n_mlp_only_layers;
     int64_t mlp_only_layers[TD_CONFIG_MAX_LAYERS];
 
+    /* Layer subset: a tandem extension key, "tandem_layers_present": [ids], written by
+     * `tandem gen --layers` for production-shape checkpoints that hold only some layers of a
+     * deep model. 0 = every layer is present. Sorted, unique, each < num_hidden_layers. */
+    int64_t n_layers_present;
+    int64_t layers_present[TD_CONFIG_MAX_LAYERS];
+
     /* MTP (speculative head; not part of plain decoding) */
     int64_t mtp_num_layers;
 
@@ -107,6 +115,8 @@ const char *td_layer_type_name(td_layer_type t);
 
 /* Rotary dimension = floor(head_dim * partial_rotary_factor). */
 int64_t td_config_rotary_dim(const td_config *cfg);
+/* true when layer l (0-based) has tensors in the checkpoint (see n_layers_present). */
+bool td_config_layer_present(const td_config *cfg, int64_t layer);
 /* true when layer l (0-based) has a MoE block (mlp_only_layers / decoder_sparse_step rule). */
 bool td_config_layer_is_moe(const td_config *cfg, int64_t layer);
 /* true when layer l (0-based) carries a PLE block (qwen4_exp). */

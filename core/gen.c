@@ -377,6 +377,22 @@ static void layer_types(preset_ctx *c, cJSON *o, int64_t layers, const char *att
     }
 }
 
+/* Depth with --layers: at least the preset's, deep enough for every listed id. */
+static int64_t pick_layers(const preset_ctx *c, int64_t def)
+{
+    for (size_t i = 0; i < c->o->n_layer_ids; i++)
+        if (c->o->layer_ids[i] + 1 > def) def = c->o->layer_ids[i] + 1;
+    return def;
+}
+
+/* Record the --layers subset in the (text) config. */
+static void layers_present(preset_ctx *c, cJSON *obj)
+{
+    if (c->o->n_layer_ids == 0) return;
+    cJSON *a = j_arr(&c->b, obj, "tandem_layers_present");
+    for (size_t i = 0; i < c->o->n_layer_ids; i++) j_push_num(&c->b, a, (double)c->o->layer_ids[i]);
+}
+
 static void q3_config(preset_ctx *c, const q3_dims *d)
 {
     jb *b = &c->b;
@@ -412,6 +428,7 @@ static void q3_config(preset_ctx *c, const q3_dims *d)
     j_num(b, o, "num_experts", (double)d->experts);
     j_num(b, o, "num_experts_per_tok", (double)d->topk);
     j_num(b, o, "num_hidden_layers", (double)d->layers);
+    layers_present(c, o);
     j_num(b, o, "num_key_value_heads", (double)d->kv_heads);
     j_num(b, o, "partial_rotary_factor", 0.25);
     j_num(b, o, "rms_norm_eps", 1e-6);
@@ -471,6 +488,7 @@ static void q4_config(preset_ctx *c, const q4_dims *d)
     j_num(b, t, "num_experts", (double)d->experts);
     j_num(b, t, "num_experts_per_tok", (double)d->topk);
     j_num(b, t, "num_hidden_layers", (double)d->layers);
+    layers_present(c, t);
     j_num(b, t, "num_key_value_heads", (double)d->kv_heads);
     j_str(b, t, "output_gate_type", "sigmoid");
     j_num(b, t, "ple_conv_kernel_size", 4);
@@ -502,6 +520,7 @@ static void preset_qwen3_next_tiny(preset_ctx *c)
                  .experts = pick_experts(c, 64), .topk = 4, .inter = 64, .shared = 64,
                  .max_pos = 4096};
     if (d.topk > d.experts) d.topk = d.experts;
+    d.layers = pick_layers(c, d.layers);
     c->experts = d.experts;
     c->shard_bytes_default = 0;
     q3_config(c, &d);
@@ -517,6 +536,7 @@ static void preset_flash_next_tiny(preset_ctx *c)
                  .idx_dim = 32, .idx_budget = 128, .ple_layer = 2, .ngram_base = 1000,
                  .ngram_div = 128, .ngram_parts = 8};
     if (d.topk > d.experts) d.topk = d.experts;
+    d.layers = pick_layers(c, d.layers);
     c->experts = d.experts;
     c->shard_bytes_default = 8 << 20;
     q4_config(c, &d);
@@ -532,6 +552,7 @@ static void preset_flash_next_moe_layer(preset_ctx *c)
                  .idx_dim = 128, .idx_budget = 2048, .ple_layer = 0,
                  .ngram_base = 20000000, .ngram_div = 128, .ngram_parts = 128};
     if (d.topk > d.experts) d.topk = d.experts;
+    d.layers = pick_layers(c, d.layers);
     c->experts = d.experts;
     c->shard_bytes_default = (int64_t)512 << 20;
     q4_config(c, &d);
@@ -543,6 +564,7 @@ static void preset_edge(preset_ctx *c)
     q3_dims d = {.hidden = 128, .layers = 4, .vocab = 512, .heads = 2, .kv_heads = 1,
                  .head_dim = 64, .lin_k = 2, .lin_v = 4, .lin_dk = 32, .lin_dv = 32,
                  .experts = 8, .topk = 2, .inter = 64, .shared = 64, .max_pos = 4096};
+    d.layers = pick_layers(c, d.layers);
     c->experts = d.experts;
     c->shard_bytes_default = 0;
     c->edges = edge_modules;
@@ -1171,6 +1193,15 @@ td_status td_gen_plan_build(const td_gen_opts *o, td_gen_plan *p, td_err *err)
     if (o->num_experts > 0 && def->fixed_experts)
         return td_err_set(err, TD_ERR_ARG, "gen: preset '%s' has a fixed expert count (its hard "
                           "cases name experts); --experts is not supported", def->info.name);
+    for (size_t i = 0; i < o->n_layer_ids; i++)
+        if (o->layer_ids[i] < 0 || o->layer_ids[i] >= TD_CONFIG_MAX_LAYERS ||
+            (i > 0 && o->layer_ids[i] <= o->layer_ids[i - 1]))
+            return td_err_set(err, TD_ERR_ARG,
+                              "gen: --layers must list increasing layer ids in 0..%d (entry %zu is %lld)",
+                              TD_CONFIG_MAX_LAYERS - 1, i, (long long)o->layer_ids[i]);
+    if (o->n_layer_ids > 0 && def->fixed_experts)
+        return td_err_set(err, TD_ERR_ARG, "gen: preset %s has a fixed layout; --layers does not apply",
+                          def->info.name);
     snprintf(p->preset, sizeof p->preset, "%s", def->info.name);
     p->seed = o->seed;
     p->unquantized = o->unquantized;

@@ -66,6 +66,10 @@ typedef struct td_gen_opts {
     bool unquantized;     /* BF16 everywhere, no quantization metadata (input for quantize) */
     bool fused_experts;   /* with unquantized: routed experts as 3-D gate_up_proj/down_proj */
     int64_t num_experts;  /* 0 = the preset's; otherwise a smaller (or larger) variant */
+    const int64_t *layer_ids; /* with n_layer_ids > 0: write only these layers (increasing ids);
+                                 the model is made deep enough to hold them and config.json
+                                 records them as "tandem_layers_present" */
+    size_t n_layer_ids;
     int64_t shard_bytes;  /* -1 = the preset's default; 0 = one model.safetensors; > 0 =
                              shards of at most this many bytes (a larger single job still
                              gets a shard of its own) */

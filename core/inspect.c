@@ -562,6 +562,13 @@ void td_inspect_print(const td_inspect_report *r, FILE *o)
             (long long)td_config_count_layers(c, TD_LAYER_GDN),
             (long long)td_config_count_layers(c, TD_LAYER_ATTENTION), pat,
             c->family == TD_FAMILY_QWEN4_EXP ? "  (G=GDN A=attention, lower case = PLE)" : "  (G=GDN A=attention)");
+    if (c->n_layers_present) {
+        fprintf(o, "present      %lld of %lld layers hold tensors (tandem_layers_present):",
+                (long long)c->n_layers_present, (long long)c->num_hidden_layers);
+        for (int64_t i = 0; i < c->n_layers_present; i++)
+            fprintf(o, "%s%lld", i ? "," : " ", (long long)c->layers_present[i]);
+        fprintf(o, "\n");
+    }
     const td_quant *q = &r->quant;
     static const char *const src[] = {"none (unquantized)", "hf_quant_config.json",
                                       "config.json quantization_config (modelopt)",
@@ -643,6 +650,11 @@ char *td_inspect_json(const td_inspect_report *r)
         cJSON *ple = cJSON_AddArrayToObject(m, "ple_layer_ids");
         for (int64_t i = 0; i < c->n_ple_layers; i++)
             cJSON_AddItemToArray(ple, cJSON_CreateNumber((double)c->ple_layer_ids[i]));
+    }
+    if (c->n_layers_present) {
+        cJSON *lp = cJSON_AddArrayToObject(m, "layers_present");
+        for (int64_t i = 0; i < c->n_layers_present; i++)
+            cJSON_AddItemToArray(lp, cJSON_CreateNumber((double)c->layers_present[i]));
     }
     cJSON *lt = cJSON_AddArrayToObject(j, "layer_types");
     for (int64_t i = 0; i < c->num_hidden_layers; i++)

@@ -251,7 +251,8 @@ td_status td_layout_build(const td_config *c, const char *P, td_layout *out, td_
     builder b = {out, 0, err, TD_OK};
     const int64_t H = c->hidden_size, V = c->vocab_size;
     add(&b, TD_MOD_EMBEDDING, -1, 2, V, H, 0, "%sembed_tokens", P);
-    for (int64_t L = 0; L < c->num_hidden_layers && !b.st; L++) add_layer(&b, c, P, L);
+    for (int64_t L = 0; L < c->num_hidden_layers && !b.st; L++)
+        if (td_config_layer_present(c, L)) add_layer(&b, c, P, L);
     if (c->family == TD_FAMILY_QWEN4_EXP) {
         char base[128];
         snprintf(base, sizeof base, "%shyper_connection_mixer", P);

@@ -6,6 +6,7 @@
  * embeddings, norms, linears (logical weight shape [out, in], before any quantization),
  * GDN conv and gate parameters, routed experts one module per (layer, expert, projection),
  * shared experts, HC mixers, the PLE block with its hashed n-gram table shards and buffers.
+ * Layers absent from a layer-subset checkpoint (config "tandem_layers_present") are skipped.
  * MTP (`mtp.*`) and vision (`*.visual.*`) tensors are not part of the inventory.
  *
  * Contract

@@ -156,6 +156,37 @@ static void config_mlp_only_layers_are_dense(void **state)
     assert_false(td_config_layer_is_moe(&c, 1));
 }
 
+static void config_layer_subset_is_read_and_checked(void **state)
+{
+    (void)state;
+    td_config c;
+    td_err err;
+    assert_int_equal(parse_text("{\"model_type\":\"qwen4_exp\",\"text_config\":{\"hidden_size\":64,"
+                                "\"num_hidden_layers\":48,\"vocab_size\":100,\"num_attention_heads\":4,"
+                                "\"num_key_value_heads\":2,\"tandem_layers_present\":[0,23,47]}}",
+                                &c, &err), TD_OK);
+    assert_int_equal(c.n_layers_present, 3);
+    assert_true(td_config_layer_present(&c, 23));
+    assert_false(td_config_layer_present(&c, 22));
+    assert_false(td_config_layer_present(&c, 48));
+    assert_int_equal(parse_text("{\"model_type\":\"qwen3_next\",\"hidden_size\":64,\"num_hidden_layers\":4,"
+                                "\"vocab_size\":100,\"num_attention_heads\":4,\"num_key_value_heads\":2}",
+                                &c, &err), TD_OK);
+    assert_int_equal(c.n_layers_present, 0);
+    assert_true(td_config_layer_present(&c, 3));
+    assert_false(td_config_layer_present(&c, 4));
+    static const char *const bad[] = {"[1,1]", "[2,1]", "[4]", "[-1]", "\"0\""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "{\"model_type\":\"qwen3_next\",\"hidden_size\":64,\"num_hidden_layers\":4,"
+                 "\"vocab_size\":100,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+                 "\"tandem_layers_present\":%s}", bad[i]);
+        td_err_clear(&err);
+        assert_int_not_equal(parse_text(text, &c, &err), TD_OK);
+        assert_non_null(strstr(err.msg, "tandem_layers_present"));
+    }
+}
+
 static void config_bad_values_name_the_key(void **state)
 {
     (void)state;
@@ -231,6 +262,7 @@ int main(void)
         cmocka_unit_test(config_flash_next_text_config_parses),
         cmocka_unit_test(config_defaults_fill_optional_keys),
         cmocka_unit_test(config_mlp_only_layers_are_dense),
+        cmocka_unit_test(config_layer_subset_is_read_and_checked),
         cmocka_unit_test(config_bad_values_name_the_key),
         cmocka_unit_test(config_load_reads_directory),
     };

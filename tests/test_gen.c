@@ -608,6 +608,76 @@ static void gen_unquantized_variants_inspect_clean(void **state)
     assert_int_not_equal(access(p, F_OK), 0);
 }
 
+/* --layers: only the listed layers are written, the config records them, and the subset is a
+ * consistent checkpoint (inspect clean); the layers kept are byte-identical to the same
+ * layers of a full-depth generation with the same seed (a layer depends on its name only). */
+static void gen_layer_subset_inspects_clean_and_matches_full_model(void **state)
+{
+    (void)state;
+    static const int64_t ids[] = {0, 3, 9};
+    td_gen_opts o;
+    td_gen_opts_init(&o);
+    o.preset = "flash-next-tiny";
+    o.seed = 5;
+    o.num_experts = 8;
+    o.force = true;
+    o.shard_bytes = 0;
+    o.layer_ids = ids;
+    o.n_layer_ids = 3;
+    td_err err;
+    td_gen_result res;
+    const char *dir = td_test_path("subset");
+    if (td_gen(&o, dir, &res, &err)) fail_msg("%s", err.msg);
+    td_inspect_report r;
+    inspect_clean(dir, &r);
+    assert_int_equal(r.cfg.num_hidden_layers, 10);
+    assert_int_equal(r.cfg.n_layers_present, 3);
+    assert_int_equal(r.cfg.layers_present[2], 9);
+    td_inspect_report_free(&r);
+    td_st_set *set;
+    assert_int_equal(td_st_set_open(dir, &set, &err), TD_OK);
+    size_t per_layer[10] = {0};
+    for (size_t i = 0; i < td_st_set_count(set); i++) {
+        int l;
+        if (sscanf(td_st_set_name(set, i), "model.language_model.layers.%d.", &l) == 1) {
+            assert_true(l >= 0 && l < 10);
+            per_layer[l]++;
+        }
+    }
+    for (int l = 0; l < 10; l++) assert_true((per_layer[l] > 0) == (l == 0 || l == 3 || l == 9));
+    /* same tensors, same bytes as a 10-layer model without the subset */
+    td_gen_opts full = o;
+    full.n_layer_ids = 0;
+    full.layer_ids = NULL;
+    const char *dfull = td_test_path("subset_full");
+    /* the full model must have the same depth: give it layers 0..9 explicitly */
+    static const int64_t all[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    full.layer_ids = all;
+    full.n_layer_ids = 10;
+    if (td_gen(&full, dfull, &res, &err)) fail_msg("%s", err.msg);
+    td_st_set *fset;
+    assert_int_equal(td_st_set_open(dfull, &fset, &err), TD_OK);
+    const char *probe[] = {"model.language_model.layers.9.mlp.experts.7.down_proj.weight",
+                           "model.language_model.layers.3.self_attn.q_proj.weight",
+                           "model.language_model.layers.0.linear_attn.in_proj_qkv.weight"};
+    for (size_t k = 0; k < 3; k++) {
+        td_tensor a, b;
+        assert_int_equal(td_st_set_tensor(set, probe[k], &a, &err), TD_OK);
+        assert_int_equal(td_st_set_tensor(fset, probe[k], &b, &err), TD_OK);
+        int64_t n = td_tensor_numel(&a), nb;
+        assert_int_equal(td_dtype_nbytes(a.dtype, n, &nb, &err), TD_OK);
+        assert_memory_equal(a.data, b.data, (size_t)nb);
+    }
+    td_st_set_close(set);
+    td_st_set_close(fset);
+    /* bad lists are refused */
+    static const int64_t bad[] = {3, 1};
+    o.layer_ids = bad;
+    o.n_layer_ids = 2;
+    assert_int_equal(td_gen(&o, td_test_path("subset_bad"), &res, &err), TD_ERR_ARG);
+    assert_non_null(strstr(err.msg, "--layers"));
+}
+
 /* ---- the CLI ---------------------------------------------------------------------------------- */
 
 static int run(const char *args, char **out, char **errs)
@@ -695,6 +765,7 @@ int main(void)
         cmocka_unit_test(gen_edge_contains_each_hard_case),
         cmocka_unit_test(gen_records_its_provenance),
         cmocka_unit_test(gen_unquantized_variants_inspect_clean),
+        cmocka_unit_test(gen_layer_subset_inspects_clean_and_matches_full_model),
         cmocka_unit_test(cli_gen_end_to_end),
     };
     return cmocka_run_group_tests_name("gen", tests, NULL, NULL);
