@@ -146,19 +146,24 @@ DEMO_SEED := 1
 DEMO_DB   := build/demo/tandem.db
 
 demo: $(TANDEM)
-	@echo "== demo 1/5: generate $(DEMO_DIR) (preset flash-next-tiny, seed $(DEMO_SEED))"
+	@echo "== demo 1/6: generate $(DEMO_DIR) (preset flash-next-tiny, seed $(DEMO_SEED))"
 	$(TANDEM) gen --preset flash-next-tiny --out $(DEMO_DIR) --seed $(DEMO_SEED) --force
-	@echo "== demo 2/5: inspect the checkpoint"
+	@echo "== demo 2/6: inspect the checkpoint"
 	$(TANDEM) inspect --model $(DEMO_DIR)
-	@echo "== demo 3/5: E4M3 codec self-audit and raw-vs-prepared scale-storage audit"
+	@echo "== demo 3/6: E4M3 codec self-audit and raw-vs-prepared scale-storage audit"
 	$(TANDEM) audit e4m3 --model $(DEMO_DIR) --tp 2 --db $(DEMO_DB)
-	@echo "== demo 4/5: runs in the results store $(DEMO_DB)"
+	@echo "== demo 4/6: per-layer MoE audit (ref exact vs prepared FP16 scales; 1 vs N threads)"
+	$(TANDEM) audit layer --model $(DEMO_DIR) --layers 0,7 --ranks 0,3 --tokens 1,4,16 --db $(DEMO_DB)
+	@echo "== demo 5/6: runs in the results store $(DEMO_DB)"
 	$(TANDEM) db runs --db $(DEMO_DB) --limit 10
-	@echo "== demo 5/5: regression check of this run against the baseline 'demo'"
-	@if ! $(TANDEM) db baseline list --db $(DEMO_DB) | grep -q '^demo '; then \
-	  echo "(first run: setting baseline 'demo' to this run)"; \
-	  $(TANDEM) db baseline set demo latest:audit.e4m3 --db $(DEMO_DB); fi
-	$(TANDEM) db regress --baseline demo --run latest:audit.e4m3 --db $(DEMO_DB)
+	@echo "== demo 6/6: regression check of these runs against the baselines (set on first use)"
+	@for k in e4m3 layer; do \
+	  if ! $(TANDEM) db baseline list --db $(DEMO_DB) | grep -q "^demo-$$k "; then \
+	    echo "(first run: setting baseline 'demo-$$k' to the newest audit.$$k run)"; \
+	    $(TANDEM) db baseline set demo-$$k latest:audit.$$k --db $(DEMO_DB) || exit 1; fi; \
+	  echo "$(TANDEM) db regress --baseline demo-$$k --run latest:audit.$$k --db $(DEMO_DB)"; \
+	  $(TANDEM) db regress --baseline demo-$$k --run latest:audit.$$k --db $(DEMO_DB) || exit 1; \
+	done
 
 # ---- fuzzing (clang + libFuzzer; the library is rebuilt with clang into build/fuzz) --------
 FUZZ_OUT := build/fuzz

@@ -1,5 +1,6 @@
-/* cmd_audit.c — `tandem audit`: audits with one subcommand each (`e4m3` now; `layer` later). */
+/* cmd_audit.c — `tandem audit`: audits with one subcommand each (`e4m3`, `layer`). */
 #include "cli.h"
+#include "cmd_audit_layer.h"
 #include "audit/e4m3.h"
 #include "audit/e4m3_db.h"
 #include "audit/scale_audit.h"
@@ -21,6 +22,8 @@ static const struct {
 } audits[] = {
     {"e4m3", cmd_audit_e4m3, "E4M3 codec self-audit, and the raw-vs-prepared scale-storage audit of a\n"
                              "          checkpoint (--model)"},
+    {"layer", cmd_audit_layer, "per-layer MoE block audit: pairs of engine variants on seeded activations,\n"
+                               "          every metric and verdict against the pair's expectation"},
 };
 
 static void audit_usage(FILE *f)
