@@ -1,6 +1,7 @@
 /* cmd_audit.c — `tandem audit`: audits with one subcommand each (`e4m3`, `layer`). */
 #include "cli.h"
 #include "cmd_audit_layer.h"
+#include "args.h"
 #include "audit/e4m3.h"
 #include "audit/e4m3_db.h"
 #include "audit/scale_audit.h"
@@ -83,47 +84,11 @@ static void e4m3_usage(FILE *f)
 /* "0,3,5-7" -> sorted unique list. */
 static int parse_list(const char *opt, const char *s, int64_t **out, size_t *n)
 {
-    size_t cap = 16, k = 0;
-    int64_t *v = malloc(cap * sizeof *v);
-    if (!v) return -1;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        errno = 0;
-        long long a = strtoll(p, &end, 10);
-        if (end == p || errno || a < 0) goto bad;
-        long long b = a;
-        p = end;
-        if (*p == '-') {
-            p++;
-            b = strtoll(p, &end, 10);
-            if (end == p || errno || b < a || b - a > 1000000) goto bad;
-            p = end;
-        }
-        for (long long x = a; x <= b; x++) {
-            if (k == cap) {
-                cap *= 2;
-                int64_t *q = realloc(v, cap * sizeof *q);
-                if (!q) goto bad;
-                v = q;
-            }
-            v[k++] = x;
-        }
-        if (*p == ',') {
-            p++;
-            if (!*p) goto bad;
-        } else if (*p) {
-            goto bad;
-        }
+    if (cli_int_list(s, 0, INT32_MAX, out, n)) {
+        fprintf(stderr, "tandem audit e4m3: %s '%s': expected a list such as 0,23,47 or 0-3\n", opt, s);
+        return -1;
     }
-    if (!k) goto bad;
-    *out = v;
-    *n = k;
     return 0;
-bad:
-    fprintf(stderr, "tandem audit e4m3: %s '%s': expected a list such as 0,23,47 or 0-3\n", opt, s);
-    free(v);
-    return -1;
 }
 
 static int parse_int(const char *opt, const char *s, long lo, long hi, long *out)

@@ -1,5 +1,6 @@
 /* cmd_audit_layer.c — `tandem audit layer`: options in, audit/layer_audit.c does the work. */
 #include "cmd_audit_layer.h"
+#include "args.h"
 #include "audit/layer_audit.h"
 #include "db/db.h"
 
@@ -70,56 +71,21 @@ static void usage(FILE *f)
 
 /* ---- option values --------------------------------------------------------------------------- */
 
-/* "0,3,5-7" -> list (order kept, duplicates removed). */
+/* "0,3,5-7" -> list (order kept, duplicates removed); replaces *out. */
 static int parse_ints(const char *opt, const char *s, int64_t lo, int64_t hi, const char *example, int64_t **out,
                       size_t *n)
 {
-    size_t cap = 16, k = 0;
-    int64_t *v = malloc(cap * sizeof *v);
-    if (!v) return -1;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        errno = 0;
-        long long a = strtoll(p, &end, 10);
-        if (end == p || errno || a < lo || a > hi) goto bad;
-        long long b = a;
-        p = end;
-        if (*p == '-') {
-            p++;
-            b = strtoll(p, &end, 10);
-            if (end == p || errno || b < a || b > hi || b - a > 100000) goto bad;
-            p = end;
-        }
-        for (long long x = a; x <= b; x++) {
-            bool dup = false;
-            for (size_t i = 0; i < k; i++) dup = dup || v[i] == x;
-            if (dup) continue;
-            if (k == cap) {
-                cap *= 2;
-                int64_t *q = realloc(v, cap * sizeof *q);
-                if (!q) goto bad;
-                v = q;
-            }
-            v[k++] = x;
-        }
-        if (*p == ',') {
-            p++;
-            if (!*p) goto bad;
-        } else if (*p) {
-            goto bad;
-        }
+    int64_t *v;
+    size_t k;
+    if (cli_int_list(s, lo, hi, &v, &k)) {
+        fprintf(stderr, PREFIX "%s '%s': expected a list of at most %d integers in [%lld, %lld] such as %s\n", opt,
+                s, CLI_LIST_MAX, (long long)lo, (long long)hi, example);
+        return -1;
     }
-    if (!k) goto bad;
     free(*out);
     *out = v;
     *n = k;
     return 0;
-bad:
-    fprintf(stderr, PREFIX "%s '%s': expected a list of integers in [%lld, %lld] such as %s\n", opt, s,
-            (long long)lo, (long long)hi, example);
-    free(v);
-    return -1;
 }
 
 static int parse_scales(const char *s, double **out, size_t *n)

@@ -1,5 +1,6 @@
 /* cmd_gen.c — `tandem gen`: write a synthetic checkpoint in the real format. */
 #include "cli.h"
+#include "args.h"
 #include "gen.h"
 #include "safetensors.h"
 
@@ -55,25 +56,20 @@ static void usage(FILE *f)
             "exit status: 0 written, 2 usage error or the checkpoint could not be written.\n");
 }
 
-/* "0,23,47": increasing layer ids, at most TD_CONFIG_MAX_LAYERS of them. */
+/* "0,23,47" or "0-3": increasing layer ids below TD_CONFIG_MAX_LAYERS. */
 static bool parse_layer_list(const char *s, int64_t *ids, size_t *n)
 {
-    size_t k = 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v >= TD_CONFIG_MAX_LAYERS || k >= TD_CONFIG_MAX_LAYERS)
-            return false;
-        if (k > 0 && v <= ids[k - 1]) return false;
-        ids[k++] = v;
-        if (*end == ',') end++;
-        else if (*end) return false;
-        p = end;
+    int64_t *v;
+    size_t k;
+    if (cli_int_list(s, 0, TD_CONFIG_MAX_LAYERS - 1, &v, &k)) return false;
+    bool ok = k <= TD_CONFIG_MAX_LAYERS;
+    for (size_t i = 0; ok && i < k; i++) {
+        ok = i == 0 || v[i] > v[i - 1];
+        ids[i] = v[i];
     }
-    *n = k;
-    return k > 0;
+    free(v);
+    if (ok) *n = k;
+    return ok;
 }
 
 /* "123", "64K", "8M", "1G" (binary multiples). */

@@ -27,6 +27,7 @@
 #include "db/db.h"
 
 /* The front end, to call cmd_audit_layer() without the `tandem audit` dispatcher. */
+#include "cli/args.c"
 #include "cli/cmd_audit_layer.c"
 
 #include <sqlite3.h>

@@ -1,0 +1,54 @@
+/* args.c — option-value parsing shared by the subcommands (see args.h). */
+#include "args.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+int cli_int_list(const char *s, int64_t lo, int64_t hi, int64_t **out, size_t *n)
+{
+    size_t cap = 16, k = 0;
+    int64_t *v = malloc(cap * sizeof *v);
+    if (!v) return -1;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long long a = strtoll(p, &end, 10);
+        if (end == p || errno || a < lo || a > hi) goto bad;
+        long long b = a;
+        p = end;
+        if (*p == '-') {
+            p++;
+            b = strtoll(p, &end, 10);
+            if (end == p || errno || b < a || b > hi || b - a >= CLI_LIST_MAX) goto bad;
+            p = end;
+        }
+        for (long long x = a; x <= b; x++) {
+            bool dup = false;
+            for (size_t i = 0; i < k && !dup; i++) dup = v[i] == x;
+            if (dup) continue;
+            if (k == CLI_LIST_MAX) goto bad;
+            if (k == cap) {
+                cap *= 2;
+                int64_t *q = realloc(v, cap * sizeof *q);
+                if (!q) goto bad;
+                v = q;
+            }
+            v[k++] = x;
+        }
+        if (*p == ',') {
+            p++;
+            if (!*p) goto bad;
+        } else if (*p) {
+            goto bad;
+        }
+    }
+    if (!k) goto bad;
+    *out = v;
+    *n = k;
+    return 0;
+bad:
+    free(v);
+    return -1;
+}

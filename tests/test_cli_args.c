@@ -1,0 +1,54 @@
+/* test_cli_args.c — option-value parsing shared by the subcommands (cli/args). The CLI sources
+ * are not in libtandem.a, so the module is included directly. */
+#include "test_common.h"
+#include "cli/args.c"
+
+static void int_list_parses_lists_and_ranges(void **state)
+{
+    (void)state;
+    int64_t *v = NULL;
+    size_t n = 0;
+    assert_int_equal(cli_int_list("0,23,47", 0, 47, &v, &n), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(v[0], 0);
+    assert_int_equal(v[2], 47);
+    free(v);
+    assert_int_equal(cli_int_list("5,0-3,2,5", 0, 10, &v, &n), 0); /* order kept, duplicates dropped */
+    assert_int_equal(n, 5);
+    static const int64_t want[] = {5, 0, 1, 2, 3};
+    for (size_t i = 0; i < 5; i++) assert_int_equal(v[i], want[i]);
+    free(v);
+    char big[32];
+    snprintf(big, sizeof big, "0-%d", CLI_LIST_MAX - 1);
+    assert_int_equal(cli_int_list(big, 0, 1 << 20, &v, &n), 0);
+    assert_int_equal(n, CLI_LIST_MAX);
+    free(v);
+}
+
+static void int_list_rejects_bad_input_without_touching_out(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {"", ",", "1,", ",1", "a", "1;2", "3-1", "1-", "-1", "11",
+                                      "0-99999999999", "99999999999999999999", "1 2", "1,,2"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int64_t *v = (int64_t *)0x1;
+        size_t n = 77;
+        if (cli_int_list(bad[i], 0, 10, &v, &n) != -1) fail_msg("'%s' accepted", bad[i]);
+        assert_ptr_equal(v, (int64_t *)0x1);
+        assert_int_equal(n, 77);
+    }
+    char big[32];
+    int64_t *v;
+    size_t n;
+    snprintf(big, sizeof big, "0-%d", CLI_LIST_MAX); /* one value too many */
+    assert_int_equal(cli_int_list(big, 0, 1 << 20, &v, &n), -1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(int_list_parses_lists_and_ranges),
+        cmocka_unit_test(int_list_rejects_bad_input_without_touching_out),
+    };
+    return cmocka_run_group_tests_name("cli_args", tests, NULL, NULL);
+}
