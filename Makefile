@@ -5,7 +5,9 @@
 #   make SAN=asan test   the same under AddressSanitizer (+UBSan);  SAN=ubsan: UBSan only
 #   make fuzz            build the libFuzzer targets and run each for FUZZ_SECONDS (default 60)
 #   make fuzz-smoke      run each fuzz target for a few seconds (CI)
-#   make gpu             build cuda/ with nvcc (when nvcc exists)
+#   make gpu             build cuda/ with nvcc (when nvcc exists) into build/gpu/
+#   make device-bundle   build/device/: the CUDA binaries plus the libraries the GPU machine lacks
+#   make gpu-test        build and run tests/gpu (they skip with a message without a GPU)
 #   make install PREFIX=/usr/local
 #   make clean
 #
@@ -204,13 +206,69 @@ else
 NVCC_NOTE := echo "✓ nvcc found ($(NVCC)): 'make gpu' builds cuda/"
 endif
 
-gpu:
+# `make gpu` compiles cuda/*.cu with nvcc for sm_90 into build/gpu/ and links a CUDA-enabled
+# CLI (build/gpu/tandem: audit/engines.c rebuilt with -DTD_HAVE_CUDA, everything else is the
+# release objects) and the GPU tests tests/gpu/*.c. The CUDA runtime is linked statically, so
+# the binaries need only the driver on the GPU machine. Kernels write every floating-point
+# step with explicit __fmul_rn/__fadd_rn where the order matters, so no --fmad=false is
+# needed for exactness (the flag would only slow the rest). `make device-bundle` copies the
+# binaries plus the shared libraries the GPU machine lacks (cJSON, CMocka, SQLite) into
+# build/device/ (rpath $$ORIGIN); `make gpu-test` runs the GPU tests (there, or here where a
+# GPU exists; without one they skip with a message).
+GPU_OUT   := build/gpu
+NVCC_ARCH := -gencode arch=compute_90,code=sm_90
+NVCCFLAGS_ALL := -std=c++17 -O3 -g $(NVCC_ARCH) -Icore -I. -Icuda -MMD -MP \
+                 -Xcompiler -Wall,-Wextra,-Werror,-fno-strict-aliasing $(NVCCFLAGS)
+CUDA_LIBDIR ?= $(patsubst %/bin/nvcc,%,$(NVCC))/lib64
+GPU_LDLIBS := -L$(CUDA_LIBDIR) -lcudart_static -lstdc++ -ldl -lrt -lpthread
+GPU_RPATH  := -Wl,-rpath,'$$ORIGIN'
+CUDA_OBJ   := $(CUDA_SRC:cuda/%.cu=$(GPU_OUT)/cuda/%.o)
+GPU_TEST_SRC := $(sort $(wildcard tests/gpu/test_*.c))
+GPU_TEST_BIN := $(GPU_TEST_SRC:tests/gpu/%.c=$(GPU_OUT)/tests/%)
+GPU_BENCH_BIN := $(patsubst tests/gpu/%.c,$(GPU_OUT)/tests/%,$(sort $(wildcard tests/gpu/bench_*.c)))
+GPU_LIB_OBJ  := $(filter-out $(OUT)/audit/engines.o,$(LIB_OBJ)) $(GPU_OUT)/audit/engines.o
+GPU_TANDEM   := $(GPU_OUT)/tandem
+DEVICE_DIR   := build/device
+DEVICE_LIBS  := libcjson.so.1 libcmocka.so.0 libsqlite3.so.0
+
+.PHONY: device-bundle
+
 ifeq ($(NVCC),)
-	@echo "✗ nvcc not found: cannot build cuda/"; exit 1
-else ifeq ($(CUDA_SRC),)
-	@echo "✓ nvcc found; cuda/ has no kernels yet (they arrive with the CUDA engine issue)"
+gpu device-bundle gpu-test:
+	@echo "✗ nvcc not found: cannot build cuda/ (the CPU build and 'make test' do not need it)"; exit 1
 else
-	@echo "cuda/ build rules arrive with the CUDA engine"; exit 1
+gpu: $(GPU_TANDEM) $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
+	@echo "built $(GPU_TANDEM), $(GPU_TEST_BIN) and $(GPU_BENCH_BIN) (CUDA, sm_90)"
+
+$(GPU_OUT)/cuda/%.o: cuda/%.cu | deps
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) $(NVCCFLAGS_ALL) -c $< -o $@
+
+$(GPU_OUT)/audit/engines.o: audit/engines.c $(OUT)/.flags
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $< (TD_HAVE_CUDA)")
+	$(Q)$(CC) $(CFLAGS_ALL) -DTD_HAVE_CUDA -c $< -o $@
+
+$(GPU_OUT)/tests/%.o: tests/gpu/%.c $(OUT)/.flags
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS_ALL) -Wno-null-dereference -DTD_HAVE_CUDA -Itests -c $< -o $@
+
+$(GPU_TANDEM): $(CLI_OBJ) $(GPU_LIB_OBJ) $(CUDA_OBJ)
+	@$(if $(Q),echo "  LINK    $@")
+	$(Q)$(CC) $(LDFLAGS_ALL) $(GPU_RPATH) -o $@ $(CLI_OBJ) $(GPU_LIB_OBJ) $(CUDA_OBJ) $(LDLIBS_ALL) $(GPU_LDLIBS)
+
+$(GPU_OUT)/tests/%: $(GPU_OUT)/tests/%.o $(GPU_LIB_OBJ) $(CUDA_OBJ)
+	@$(if $(Q),echo "  LINK    $@")
+	$(Q)$(CC) $(LDFLAGS_ALL) $(GPU_RPATH) -o $@ $< $(GPU_LIB_OBJ) $(CUDA_OBJ) $(TEST_LDLIBS) $(LDLIBS_ALL) $(GPU_LDLIBS)
+
+device-bundle: gpu
+	@scripts/device-bundle.sh $(DEVICE_DIR) "$(DEVICE_LIBS)" $(GPU_TANDEM) $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
+
+gpu-test: gpu
+	@mkdir -p $(GPU_OUT)/tmp
+	@TD_TANDEM=$(GPU_TANDEM) TD_TEST_TMP=$(GPU_OUT)/tmp scripts/run-tests.sh gpu $(GPU_TEST_BIN)
 endif
 
 # ---- install -------------------------------------------------------------------------------

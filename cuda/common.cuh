@@ -1,0 +1,59 @@
+/* common.cuh — shared pieces of the CUDA engine: error-check macros that turn a failing CUDA
+ * call into a td_status, and the device view of one linear layer (cu_lin).
+ *
+ * Contract
+ * - TD_CU_TRY(err, stmt) evaluates a CUDA runtime call; on failure it returns
+ *   td_err_set(err, TD_ERR_INTERNAL, "file:line: statement: cudaGetErrorString") from the
+ *   enclosing function (which must return td_status). Library code returns errors; it never
+ *   exits (STYLE.md §5.1).
+ * - TD_CU_LAUNCHED(err, what) checks cudaGetLastError() right after a kernel launch and returns
+ *   the same kind of error naming the kernel `what`. Every launch in cuda/ is followed by it.
+ * - cu_lin describes a linear layer W [rows, cols] (row = output, col = reduction index) of
+ *   one or several experts stored back to back in device memory: NVFP4 (packed E2M1 bytes,
+ *   element 2j in the low nibble of byte j, plus one prepared FP16 effective scale per
+ *   16-element block) or dense BF16/F16/F32. Expert e's row r starts at
+ *   w + e*e_w + r*w_ld bytes (scales at s + e*e_s + r*s_ld halves). Plain data: it is passed
+ *   to kernels by value and owns nothing.
+ */
+#ifndef TD_CUDA_COMMON_CUH
+#define TD_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+extern "C" {
+#include "td.h"
+}
+
+#define TD_CU_TRY(err, stmt)                                                                      \
+    do {                                                                                          \
+        cudaError_t td_cu_e_ = (stmt);                                                            \
+        if (td_cu_e_ != cudaSuccess)                                                              \
+            return td_err_set((err), TD_ERR_INTERNAL, "%s:%d: %s: %s", __FILE__, __LINE__, #stmt, \
+                              cudaGetErrorString(td_cu_e_));                                      \
+    } while (0)
+
+#define TD_CU_LAUNCHED(err, what)                                                                 \
+    do {                                                                                          \
+        cudaError_t td_cu_e_ = cudaGetLastError();                                                \
+        if (td_cu_e_ != cudaSuccess)                                                              \
+            return td_err_set((err), TD_ERR_INTERNAL, "%s:%d: launch of %s: %s", __FILE__,        \
+                              __LINE__, (what), cudaGetErrorString(td_cu_e_));                    \
+    } while (0)
+
+typedef enum cu_wkind { CU_W_NVFP4 = 0, CU_W_BF16, CU_W_F16, CU_W_F32 } cu_wkind;
+
+typedef struct cu_lin {
+    int kind;              /* cu_wkind */
+    int64_t rows, cols;    /* logical shape of one expert's matrix */
+    const uint8_t *w;      /* packed E2M1 (NVFP4) or dense elements, expert 0 row 0 */
+    const __half *s;       /* NVFP4: prepared FP16 effective scales [rows, cols/16] */
+    int64_t w_ld;          /* bytes per row */
+    int64_t s_ld;          /* halves per row (NVFP4) */
+    int64_t e_w;           /* bytes per expert */
+    int64_t e_s;           /* halves per expert (NVFP4) */
+} cu_lin;
+
+#endif /* TD_CUDA_COMMON_CUH */

@@ -1,0 +1,61 @@
+/* moe.cuh — launchers of the MoE-block kernels (cuda/moe.cu): router, routing (softmax, top-k,
+ * renormalization), fused W13 + SwiGLU, W2, and the weighted combine.
+ *
+ * Numerics (every reduction in a fixed order; no floating-point atomics; each launcher gives
+ * the same bits on every call for the same inputs)
+ * - Dot products (cu_moe_linear, W13, W2): one warp per output element (or per output row for
+ *   a tile of tokens). The reduction index K is cut in 16-element blocks; lane l accumulates
+ *   blocks l, l+32, l+64, ... in ascending order, and inside a block the 16 elements in
+ *   ascending k, acc = fl32(acc + fl32(w * x)) from +0 (explicit __fmul_rn/__fadd_rn: no FMA
+ *   contraction). The 32 lane sums are then added by a xor butterfly (offsets 16, 8, 4, 2,
+ *   1); addition is commutative, so every lane ends with the same bits.
+ *   NVFP4 weights: w = fl32(e2m1(code) * eff), eff the prepared FP16 effective scale.
+ * - Routing (cu_moe_route): one warp per token. The max, the sum of exponentials and the
+ *   top-k insertion run on lane 0 in ascending expert order, exactly as the reference
+ *   (ref/moe.h steps 2-4: e_i = fl32(exp(l_i - m)) with exp in double; ties to the lower
+ *   index; NaN last; renormalization in slot order).
+ * - SwiGLU: h = fl32(silu(g) * u), silu in double rounded once, then rounded to act_dtype.
+ * - Combine (cu_moe_combine): one thread per (token, column): sum over slots j = 0..k-1 in
+ *   order of fl32(w_j * y_j), then + fl32(sg * y_s), from +0, rounded to act_dtype; with
+ *   several TP ranks on one device the rank outputs are added in rank order.
+ * Activations are held as float32 values already rounded to act_dtype.
+ *
+ * Contract
+ * - Every launcher enqueues on `stream`, checks the launch (TD_CU_LAUNCHED) and returns a
+ *   td_status; none allocates or synchronizes. Pointers are device pointers sized as stated.
+ * - `act` is the activation dtype code: 0 fp32, 1 fp16, 2 bf16 (td_act_dtype's values).
+ */
+#ifndef TD_CUDA_MOE_CUH
+#define TD_CUDA_MOE_CUH
+
+#include "common.cuh"
+
+/* x [n] -> xa [n] rounded to act. */
+td_status cu_moe_round(const float *x, float *xa, int64_t n, int act, cudaStream_t s, td_err *err);
+
+/* y[t*y_ld + (r - r0)] = W[r] . x[t*x_ld ...] for rows r in [r0, r0 + nrows) of expert 0 and
+ * tokens t < M (unrounded dot products: router logits, shared-expert gate). */
+td_status cu_moe_linear(cu_lin W, int64_t r0, int64_t nrows, const float *x, int64_t x_ld, int64_t M,
+                        float *y, int64_t y_ld, cudaStream_t s, td_err *err);
+
+/* logits [M, E] -> ids [M, k], weights [M, k] (softmax, top-k, optional renormalization). */
+td_status cu_moe_route(const float *logits, int64_t M, int64_t E, int64_t k, bool renorm, int32_t *ids,
+                       float *weights, cudaStream_t s, td_err *err);
+
+/* For every slot s < nslots (token s / k, expert ids[s], or expert 0 when ids is NULL):
+ * act[s*il + c] = act_dtype(fl32(silu(gate[r0 + c] . x_t) * (up[r0 + c] . x_t))), c < il. */
+td_status cu_moe_w13(cu_lin gate, cu_lin up, int64_t r0, int64_t il, const int32_t *ids, int64_t k,
+                     int64_t nslots, const float *xa, int64_t H, int act, float *out, cudaStream_t s,
+                     td_err *err);
+
+/* For every slot s < nslots: y[s*H + h] = act_dtype(down[h, c0 .. c0+il) . act[s*il ...]). */
+td_status cu_moe_w2(cu_lin down, int64_t c0, int64_t il, const int32_t *ids, int64_t nslots, const float *a,
+                    int64_t H, int act, float *y, cudaStream_t s, td_err *err);
+
+/* out[t*H + h] (mode 0: =, mode 1: += in rank order) of the combine above; sgdot [M] holds the
+ * shared-gate dot products (NULL when there is no shared expert, then sh_out is unused). */
+td_status cu_moe_combine(const float *weights, const float *eout, int64_t k, const float *sgdot,
+                         const float *sh_out, int64_t M, int64_t H, int act, int mode, float *out,
+                         cudaStream_t s, td_err *err);
+
+#endif /* TD_CUDA_MOE_CUH */
