@@ -38,11 +38,17 @@ const char *const td_layer_tap_suffixes[] = {
 const size_t td_layer_tap_suffix_count = TD_ARRAY_LEN(td_layer_tap_suffixes);
 
 /* Precision rank of what a variant computes in: 0 FP32, 1 FP16, 2 BF16. */
+/* Coarsest activation rounding a variant applies: 2 BF16, 1 FP16, 0 FP32. */
 static int precision_rank(const td_variant *v)
 {
-    int r = v->act_dtype == TD_ACT_BF16 ? 2 : v->act_dtype == TD_ACT_FP16 ? 1 : 0;
-    if (v->scale == TD_SCALE_FP16 && r < 1) r = 1;
-    return r;
+    return v->act_dtype == TD_ACT_BF16 ? 2 : v->act_dtype == TD_ACT_FP16 ? 1 : 0;
+}
+
+/* Does the variant multiply NVFP4 codes by FP16 effective scales? ref with scale=fp16, and the
+ * cuda engine always (storage=raw is admitted only when bit-identical to prepared). */
+static bool fp16_scales(const td_variant *v)
+{
+    return v->scale == TD_SCALE_FP16 || !strcmp(v->engine, "cuda");
 }
 
 /* Does `tok` start a new variant (an engine name, bare or followed by ':')? Options are
@@ -124,6 +130,7 @@ td_status td_layer_pair_parse(const char *text, td_layer_pair *p, td_err *err)
     }
     if (p->expect == TD_EXPECT_BOUNDED && isnan(p->bound)) {
         int r = precision_rank(&p->a) > precision_rank(&p->b) ? precision_rank(&p->a) : precision_rank(&p->b);
+        if (fp16_scales(&p->a) != fp16_scales(&p->b) && r < 1) r = 1; /* FP16 vs exact scales */
         p->bound = td_metrics_bound(r == 2 ? TD_BF16 : r == 1 ? TD_F16 : TD_F32);
     }
     if (p->expect == TD_EXPECT_EXACT) p->bound = (double)NAN;

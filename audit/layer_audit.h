@@ -36,7 +36,8 @@
  * `A,B@bounded=X`. Without a suffix: exact when A and B use the same engine and differ only in
  * numerically neutral options (td_opt_is_neutral: storage, graphs, threads, fault), bounded
  * otherwise. The bound of a bounded pair is X, or td_metrics_bound() of the lowest precision
- * either side uses (act_dtype; scale=fp16 counts as FP16).
+ * either side uses (act_dtype), and at least FP16's when one side uses FP16 effective scales
+ * and the other exact ones (ref's scale=fp16 and the cuda engine use FP16 scales).
  *
  * Contract
  * - td_layer_audit_run() calls sink->row once per row in grid order (layer, rank, tokens,

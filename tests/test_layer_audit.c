@@ -234,6 +234,12 @@ static void pair_parsing(void **state)
     assert_true(p.bound == 2e-3);
     assert_int_equal(td_layer_pair_parse("ref,cuda:storage=raw", &p, &err), TD_OK);
     assert_int_equal(p.expect, TD_EXPECT_BOUNDED);
+    assert_true(p.bound == 2e-3); /* cuda's NVFP4 weights use FP16 effective scales */
+    /* both sides on FP16 scales, FP32 activations: only the summation order differs */
+    assert_int_equal(td_layer_pair_parse("ref:scale=fp16,cuda:act_dtype=fp32", &p, &err), TD_OK);
+    assert_true(p.bound == 1e-5);
+    assert_int_equal(td_layer_pair_parse("ref:scale=fp16,ref:scale=fp16,accum=fp64", &p, &err), TD_OK);
+    assert_true(p.bound == 1e-5);
     static const struct {
         const char *text, *needle;
     } bad[] = {
