@@ -24,6 +24,13 @@ void td_quant_free(td_quant *q)
     for (size_t i = 0; i < q->n_exclude; i++) free(q->exclude[i]);
     for (size_t i = 0; i < q->n_targets; i++) free(q->targets[i]);
     for (size_t i = 0; i < q->n_layers; i++) free(q->layers[i].module);
+    if (q->re) {
+        for (size_t i = 0; i < q->n_exclude + q->n_targets; i++) {
+            if (q->re[i]) regfree(q->re[i]);
+            free(q->re[i]);
+        }
+        free(q->re);
+    }
     free(q->exclude);
     free(q->targets);
     free(q->layers);
@@ -200,6 +207,44 @@ static td_status ct_group(const cJSON *g, const char *what, td_quant *q, td_err 
                     &q->n_targets, err);
 }
 
+/* Refuse regex forms that make the POSIX compiler's automaton explode: over-long patterns,
+ * bounded repetition and a quantifier right after another ("a++++", "a*?"). */
+static bool regex_safe(const char *p)
+{
+    size_t n = strlen(p);
+    if (n == 0 || n > TD_QUANT_RE_MAX) return false;
+    bool prev_quant = false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = p[i];
+        if (ch == '\\') {
+            if (++i >= n) return false;
+            prev_quant = false;
+            continue;
+        }
+        if (ch == '{' || ch == '}') return false;
+        bool quant = ch == '*' || ch == '+' || ch == '?';
+        if (quant && (prev_quant || i == 0)) return false;
+        prev_quant = quant;
+    }
+    return true;
+}
+
+/* Compile pattern p anchored as ^(p)$ into *out (malloc'd). */
+static td_status compile_entry(const char *p, regex_t **out)
+{
+    if (!regex_safe(p)) return TD_ERR_UNSUPPORTED;
+    char anch[TD_QUANT_RE_MAX + 8];
+    snprintf(anch, sizeof anch, "^(%s)$", p);
+    regex_t *re = malloc(sizeof *re);
+    if (!re) return TD_ERR_NOMEM;
+    if (regcomp(re, anch, REG_EXTENDED | REG_NOSUB) != 0) {
+        free(re);
+        return TD_ERR_FORMAT;
+    }
+    *out = re;
+    return TD_OK;
+}
+
 td_status td_quant_parse_config(const cJSON *qc, const char *what, td_quant *q, td_err *err)
 {
     memset(q, 0, sizeof *q);
@@ -268,16 +313,22 @@ td_status td_quant_parse_config(const cJSON *qc, const char *what, td_quant *q, 
     st = str_list(cJSON_GetObjectItemCaseSensitive(qc, "ignore"), "ignore", where, &q->exclude,
                   &q->n_exclude, err);
     if (st) goto fail;
-    /* validate regexes now so resolution cannot fail later on a bad pattern */
+    /* compile "re:" entries once; a bad or hostile pattern is a format error now */
+    q->re = calloc(q->n_exclude + q->n_targets + 1, sizeof *q->re);
+    if (!q->re) {
+        st = td_err_set(err, TD_ERR_NOMEM, "%s: out of memory", where);
+        goto fail;
+    }
     for (size_t i = 0; i < q->n_exclude + q->n_targets; i++) {
         const char *p = i < q->n_exclude ? q->exclude[i] : q->targets[i - q->n_exclude];
-        if (!strncmp(p, "re:", 3)) {
-            regex_t re;
-            if (regcomp(&re, p + 3, REG_EXTENDED | REG_NOSUB) != 0) {
-                st = td_err_set(err, TD_ERR_FORMAT, "%s: bad regular expression \"%s\"", where, p);
-                goto fail;
-            }
-            regfree(&re);
+        if (strncmp(p, "re:", 3)) continue;
+        if ((st = compile_entry(p + 3, &q->re[i]))) {
+            st = td_err_set(err, st, "%s: regular expression \"%.80s\" %s", where, p,
+                            st == TD_ERR_NOMEM ? "could not be compiled (out of memory)"
+                            : st == TD_ERR_UNSUPPORTED
+                                ? "uses a form tandem refuses (longer than 256 bytes, {m,n} or stacked quantifiers)"
+                                : "is not a valid POSIX extended regular expression");
+            goto fail;
         }
     }
     return TD_OK;
@@ -344,26 +395,11 @@ td_status td_quant_load(const char *dir, td_quant *q, td_err *err)
 
 /* ---- resolution ---- */
 
-static bool regex_full_match(const char *pattern, const char *s)
+/* Does entry `pat` (compiled as `re` when it is a "re:" entry) match `module`? */
+static bool pattern_matches(const char *pat, const regex_t *re, const char *module)
 {
-    /* anchor the pattern: ^(?:p)$ in ERE is ^(p)$ */
-    size_t n = strlen(pattern);
-    char *anch = malloc(n + 5);
-    if (!anch) return false;
-    snprintf(anch, n + 5, "^(%s)$", pattern);
-    regex_t re;
-    bool ok = false;
-    if (regcomp(&re, anch, REG_EXTENDED | REG_NOSUB) == 0) {
-        ok = regexec(&re, s, 0, NULL, 0) == 0;
-        regfree(&re);
-    }
-    free(anch);
-    return ok;
-}
-
-static bool pattern_matches(const char *pat, const char *module)
-{
-    if (!strncmp(pat, "re:", 3)) return regex_full_match(pat + 3, module);
+    if (re) return regexec(re, module, 0, NULL, 0) == 0;
+    if (!strncmp(pat, "re:", 3)) return false; /* never compiled: cannot match */
     if (!strcmp(pat, module)) return true;
     if (fnmatch(pat, module, 0) == 0) return true;
     /* vLLM strips "language_model." for checkpoints exported before the prefix existed */
@@ -379,7 +415,7 @@ static bool pattern_matches(const char *pat, const char *module)
 static bool excluded(const td_quant *q, const char *module)
 {
     for (size_t i = 0; i < q->n_exclude; i++)
-        if (pattern_matches(q->exclude[i], module)) return true;
+        if (pattern_matches(q->exclude[i], q->re ? q->re[i] : NULL, module)) return true;
     return false;
 }
 
@@ -430,7 +466,7 @@ td_status td_quant_resolve(const td_quant *q, const char *module, bool is_linear
             const char *key = q->layers[i].module;
             size_t kl = strlen(key);
             if (!strcmp(module, key) || (!strncmp(module, key, kl) && module[kl] == '.') ||
-                pattern_matches(key, module)) {
+                pattern_matches(key, NULL, module)) {
                 td_scheme s = q->layers[i].scheme;
                 fill_names(out, s, module, s == TD_SCHEME_NVFP4 || (s == TD_SCHEME_FP8 && is_linear));
                 return TD_OK;
@@ -446,7 +482,8 @@ td_status td_quant_resolve(const td_quant *q, const char *module, bool is_linear
     if (q->n_targets > 0) {
         bool hit = false;
         for (size_t i = 0; i < q->n_targets && !hit; i++)
-            hit = !strcmp(q->targets[i], "Linear") || pattern_matches(q->targets[i], module);
+            hit = !strcmp(q->targets[i], "Linear") ||
+                  pattern_matches(q->targets[i], q->re ? q->re[q->n_exclude + i] : NULL, module);
         if (!hit) {
             fill_names(out, TD_SCHEME_NONE, module, false);
             return TD_OK;

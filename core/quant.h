@@ -18,7 +18,10 @@
  *   suffix), which scheme applies and which tensor names hold it. Matching rules:
  *   ModelOpt exclude/ignore entries match by fnmatch(3) wildcard, by exact name, or with the
  *   "model.language_model." prefix rewritten to "model." (as vLLM does); compressed-tensors
- *   ignore entries are exact names or "re:" POSIX extended regexes (anchored full match);
+ *   ignore entries are exact names or "re:" POSIX extended regexes (anchored full match;
+ *   compiled once at parse time; at most TD_QUANT_RE_MAX bytes, no bounded repetition "{m,n}"
+ *   and no quantifier directly after another, so a hostile pattern cannot blow up the
+ *   compiler — such a pattern is a format error naming it);
  *   targets "Linear" matches every linear module. MIXED_PRECISION: a module is quantized only
  *   when it (or its parent for expert submodules "...experts.E.proj") is listed in
  *   quantized_layers. `is_linear` false (embeddings, tables) means only MIXED_PRECISION entries
@@ -31,6 +34,7 @@
 #include "td.h"
 #include "json.h"
 
+#include <regex.h>
 #include <stdbool.h>
 
 typedef enum td_scheme {
@@ -68,6 +72,8 @@ typedef struct td_quant {
     size_t n_exclude;
     char **targets;                /* compressed-tensors targets ("Linear", names, re:) */
     size_t n_targets;
+    regex_t **re;                  /* [n_exclude + n_targets]: compiled "re:" entries (anchored),
+                                      NULL for the others; owned */
     td_quant_layer *layers;        /* MIXED_PRECISION quantized_layers */
     size_t n_layers;
     char note[512];                /* informational remark (e.g. two sources disagree) */
@@ -81,6 +87,8 @@ typedef struct td_quant_tensors {
     char global[512];              /* NVFP4 per-tensor global; "" otherwise */
     char input_scale[512];         /* W4A4 activation global; "" when not expected */
 } td_quant_tensors;
+
+#define TD_QUANT_RE_MAX 256
 
 const char *td_scheme_name(td_scheme s);
 

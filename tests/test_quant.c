@@ -140,6 +140,9 @@ static void quant_bad_metadata_is_rejected(void **state)
         {false, "{\"quant_method\":\"compressed-tensors\",\"format\":\"nvfp4-pack-quantized\",\"config_groups\":{\"g\":{\"weights\":{\"num_bits\":8,\"type\":\"float\",\"group_size\":16}}}}", TD_ERR_UNSUPPORTED, "num_bits"},
         {false, "{\"quant_method\":\"compressed-tensors\",\"format\":\"nvfp4-pack-quantized\",\"config_groups\":{\"g\":{\"weights\":{\"num_bits\":4,\"type\":\"float\",\"group_size\":16}}},\"ignore\":[\"re:([\"]}", TD_ERR_FORMAT, "regular expression"},
         {false, "{\"quant_method\":\"modelopt\"}", TD_ERR_NOTFOUND, "quant_algo"},
+        /* hostile regexes that would make the POSIX compiler explode are refused up front */
+        {false, "{\"quant_method\":\"compressed-tensors\",\"format\":\"nvfp4-pack-quantized\",\"config_groups\":{\"g\":{\"weights\":{\"num_bits\":4,\"type\":\"float\",\"group_size\":16}}},\"ignore\":[\"re:hea++++++++++++++++++++++++d\"]}", TD_ERR_UNSUPPORTED, "refuses"},
+        {false, "{\"quant_method\":\"compressed-tensors\",\"format\":\"nvfp4-pack-quantized\",\"config_groups\":{\"g\":{\"weights\":{\"num_bits\":4,\"type\":\"float\",\"group_size\":16}}},\"ignore\":[\"re:(a{1,100}){1,100}\"]}", TD_ERR_UNSUPPORTED, "refuses"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cJSON *j = js(cases[i].text);
