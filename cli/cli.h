@@ -13,5 +13,6 @@ int cmd_gen(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_db(int argc, char **argv);
 int cmd_audit(int argc, char **argv);
+int cmd_run(int argc, char **argv);
 
 #endif

@@ -19,6 +19,7 @@ static const struct {
     {"quantize", cmd_quantize, "quantize a BF16/F16/F32 checkpoint to NVFP4"},
     {"inspect", cmd_inspect, "describe a checkpoint and report inconsistencies"},
     {"db", cmd_db, "query and maintain the results store"},
+    {"run", cmd_run, "greedy generation with engine variants: completion hashes, divergences, margins"},
     {"audit", cmd_audit, "audits: e4m3 (codecs and raw-vs-prepared scale storage), layer (MoE block)"},
 };
 

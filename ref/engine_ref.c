@@ -1,5 +1,17 @@
-/* engine_ref.c — the reference engine `ref`: loads a checkpoint's MoE layers lazily and runs
- * the MoE block and the router (engine.h contract; numerics in linear.h and moe.h).
+/* engine_ref.c — the reference engine `ref`: loads a checkpoint's layers lazily and runs the
+ * MoE block and the router (engine.h contract; numerics in linear.h and moe.h), and the whole
+ * qwen3_next model: prefill and decode with per-sequence state (docs/ref-model.md; the blocks
+ * in norm.h, rope.h, attn.h, gdn.h, moe.h).
+ *
+ * Model (MODEL_SPEC.md A3.7): h = embed[token]; per layer h += mixer(RMSNorm_zc(h)) (GDN or
+ * gated attention), h += MoE(RMSNorm_zc(h)) (residual adds in float32); logits = lm_head
+ * RMSNorm_zc(h) for the last token of the call. lm_head may be BF16/F16/F32 or NVFP4 (as the
+ * quantization metadata says); the embedding is NVFP4 only when its block scales exist. Per sequence the engine keeps a KV cache per
+ * attention layer (grown by doubling) and a conv state and FP32 recurrent state per GDN layer;
+ * prefill of an existing id restarts it. Decode batches are processed item by item in order.
+ * prefill/decode need act_dtype=fp32 and an unsharded result (tp_size 1 or tp_rank=all);
+ * `accum` applies to every linear (attention/GDN internals stay float32). Taps: L{l}.attn.out
+ * or L{l}.gdn.out, the MoE taps, L{l}.resid, final.hidden, logits (of the last token).
  *
  * Loading: config.json, the quantization metadata and the tensor namespace (td_st_set) are
  * read at load; the tensors of a layer are looked up, checked (dtype, shape, scalar globals,
@@ -13,8 +25,11 @@
  * only when a larger one comes); the compute loops never allocate.
  */
 #include "engine_ref.h"
+#include "attn.h"
+#include "gdn.h"
 #include "layout.h"
 #include "moe.h"
+#include "norm.h"
 #include "quant.h"
 #include "safetensors.h"
 
@@ -26,7 +41,22 @@ typedef struct ref_layer {
     bool loaded;
     ref_moe_weights w;
     ref_expert *experts;        /* [E] whole (TP1) views */
+    /* the rest of the layer (loaded on the first prefill/decode that reaches it) */
+    bool mixer_loaded;
+    td_layer_type type;
+    ref_attn_weights attn;
+    ref_gdn_weights gdn;
+    float *vecs;                /* owned: decoded norm weights, conv weights, A_log, dt_bias */
+    const float *in_norm, *post_norm;
 } ref_layer;
+
+/* Decode state of one sequence (MODEL_SPEC.md A4). */
+typedef struct ref_seq {
+    int64_t id;
+    bool used;
+    ref_kv *kv;                 /* [layers] (attention layers) */
+    ref_gdn_state *gdn;         /* [layers] (GDN layers) */
+} ref_seq;
 
 typedef struct ref_engine {
     td_engine base;             /* first member: the interface's view */
@@ -39,6 +69,19 @@ typedef struct ref_engine {
     ref_pool *pool;
     ref_moe_ws ws;
     ref_moe_opts opts;
+    /* full model */
+    bool globals_loaded;
+    ref_linear embed, lm_head;
+    float *final_norm;
+    ref_attn_dims ad;
+    ref_gdn_dims gd;
+    ref_attn_ws aws;
+    ref_gdn_ws gws;
+    ref_mm_ws mmws;
+    ref_seq *seqs;
+    int64_t n_seqs, cap_seqs;
+    float *h, *xn, *tmp;
+    int64_t cap_h, cap_xn, cap_tmp;
 } ref_engine;
 
 /* ==== tensors ================================================================================ */
@@ -252,15 +295,29 @@ fail:
     return td_err_prefix(err, "engine ref: layer %lld: ", (long long)L);
 }
 
+static void seq_release(ref_engine *r, ref_seq *s);
+
 /* ==== interface ============================================================================== */
 
 static void ref_free(td_engine *base)
 {
     ref_engine *r = (ref_engine *)base;
+    for (int64_t i = 0; i < r->n_seqs; i++) seq_release(r, &r->seqs[i]);
+    free(r->seqs);
     if (r->layers) {
-        for (int64_t l = 0; l < r->cfg.num_hidden_layers; l++) free(r->layers[l].experts);
+        for (int64_t l = 0; l < r->cfg.num_hidden_layers; l++) {
+            free(r->layers[l].experts);
+            free(r->layers[l].vecs);
+        }
         free(r->layers);
     }
+    free(r->final_norm);
+    free(r->h);
+    free(r->xn);
+    free(r->tmp);
+    ref_attn_ws_free(&r->aws);
+    ref_gdn_ws_free(&r->gws);
+    ref_mm_free(&r->mmws);
     ref_moe_ws_free(&r->ws);
     ref_pool_free(r->pool);
     td_st_set_close(r->set);
@@ -321,6 +378,12 @@ static td_status ref_load(const char *checkpoint, const td_variant *v, td_engine
                         (long long)c->shared_expert_intermediate_size, checkpoint);
         goto fail;
     }
+    r->ad = (ref_attn_dims){.hidden = c->hidden_size, .heads = c->num_attention_heads,
+                            .kv_heads = c->num_key_value_heads, .head_dim = c->head_dim,
+                            .rot = td_config_rotary_dim(c), .theta = c->rope_theta, .eps = (float)c->rms_norm_eps};
+    r->gd = (ref_gdn_dims){.hidden = c->hidden_size, .nk = c->linear_num_key_heads, .nv = c->linear_num_value_heads,
+                           .dk = c->linear_key_head_dim, .dv = c->linear_value_head_dim,
+                           .kconv = c->linear_conv_kernel_dim, .eps = (float)c->rms_norm_eps};
     st = ref_pool_new(v->threads, &r->pool, err);
     if (st) goto fail;
     *out = &r->base;
@@ -364,6 +427,281 @@ static td_status moe_taps(ref_engine *r, const td_block_call *c, td_err *err)
     return st;
 }
 
+/* ==== the full model (qwen3_next) ============================================================ */
+
+/* A BF16/F16/F32 tensor of `numel` elements decoded into dst (float32, exact). */
+static td_status load_vec(ref_engine *r, const char *name, int64_t numel, float *dst, td_err *err)
+{
+    td_tensor t;
+    td_status st = get_tensor(r, name, &t, err);
+    if (st) return st;
+    if ((t.dtype != TD_BF16 && t.dtype != TD_F16 && t.dtype != TD_F32) || td_tensor_numel(&t) != numel) {
+        char have[96];
+        shape_text(&t, have, sizeof have);
+        return td_err_set(err, TD_ERR_FORMAT, "tensor %s: %s %s, expected BF16/F16/F32 with %lld elements", name,
+                          td_dtype_name(t.dtype), have, (long long)numel);
+    }
+    ref_linear l;
+    ref_linear_dense(&l, t.dtype, 1, numel, t.data);
+    ref_linear_decode_row(&l, &r->opts.nx, 0, dst);
+    return TD_OK;
+}
+
+static td_status load_globals(ref_engine *r, td_err *err)
+{
+    if (r->globals_loaded) return TD_OK;
+    const td_config *c = &r->cfg;
+    const int64_t H = c->hidden_size, V = c->vocab_size;
+    char name[256];
+    /* The embedding is an Embedding module, which quantization recipes leave in BF16 even when
+     * their exclusion lists do not name it: it is NVFP4 only when its block scales exist. */
+    char wname[300], sname[300];
+    snprintf(name, sizeof name, "%sembed_tokens", r->prefix);
+    snprintf(wname, sizeof wname, "%s.weight", name);
+    snprintf(sname, sizeof sname, "%s.weight_scale", name);
+    td_status st = TD_OK;
+    if (td_st_set_has(r->set, sname)) {
+        st = load_linear(r, name, V, H, &r->embed, err);
+    } else {
+        td_tensor t;
+        st = get_tensor(r, wname, &t, err);
+        if (!st && ((t.dtype != TD_BF16 && t.dtype != TD_F16 && t.dtype != TD_F32) || !shape_is(&t, 2, V, H, 0))) {
+            char have[96];
+            shape_text(&t, have, sizeof have);
+            st = td_err_set(err, TD_ERR_FORMAT, "tensor %s: %s %s, expected BF16/F16/F32 [%lld, %lld]", wname,
+                            td_dtype_name(t.dtype), have, (long long)V, (long long)H);
+        }
+        if (!st) ref_linear_dense(&r->embed, t.dtype, V, H, t.data);
+    }
+    if (!st && !r->final_norm) {
+        r->final_norm = malloc((size_t)H * sizeof *r->final_norm);
+        if (!r->final_norm) st = td_err_set(err, TD_ERR_NOMEM, "engine ref: out of memory");
+    }
+    if (!st) {
+        snprintf(name, sizeof name, "%snorm.weight", r->prefix);
+        st = load_vec(r, name, H, r->final_norm, err);
+    }
+    if (!st) {
+        if (c->tie_word_embeddings) r->lm_head = r->embed;
+        else st = load_linear(r, "lm_head", V, H, &r->lm_head, err);
+    }
+    if (st) return td_err_prefix(err, "engine ref: ");
+    r->globals_loaded = true;
+    return TD_OK;
+}
+
+static td_status load_mixer(ref_engine *r, int64_t L, td_err *err)
+{
+    ref_layer *ly = &r->layers[L];
+    if (ly->mixer_loaded) return TD_OK;
+    const td_config *c = &r->cfg;
+    const int64_t H = c->hidden_size;
+    char mod[256], name[300];
+    td_status st;
+    ly->type = c->layer_types[L];
+    const int64_t C = ref_gdn_channels(&r->gd), K = r->gd.kconv, nv = r->gd.nv, dv = r->gd.dv;
+    const int64_t hd = r->ad.head_dim;
+    const int64_t nvec = ly->type == TD_LAYER_GDN ? 2 * H + C * K + 2 * nv + dv : 2 * H + 2 * hd;
+    free(ly->vecs);
+    ly->vecs = malloc((size_t)nvec * sizeof *ly->vecs);
+    if (!ly->vecs) return td_err_set(err, TD_ERR_NOMEM, "engine ref: out of memory (layer %lld)", (long long)L);
+    float *v = ly->vecs;
+    snprintf(name, sizeof name, "%slayers.%lld.input_layernorm.weight", r->prefix, (long long)L);
+    st = load_vec(r, name, H, v, err);
+    ly->in_norm = v;
+    v += H;
+    snprintf(name, sizeof name, "%slayers.%lld.post_attention_layernorm.weight", r->prefix, (long long)L);
+    if (!st) st = load_vec(r, name, H, v, err);
+    ly->post_norm = v;
+    v += H;
+    if (ly->type == TD_LAYER_GDN) {
+        ref_gdn_weights *g = &ly->gdn;
+        const int64_t nk = r->gd.nk, dk = r->gd.dk;
+        snprintf(mod, sizeof mod, "%slayers.%lld.linear_attn.", r->prefix, (long long)L);
+        snprintf(name, sizeof name, "%sin_proj_qkvz", mod);
+        if (!st) st = load_linear(r, name, 2 * nk * dk + 2 * nv * dv, H, &g->qkvz, err);
+        snprintf(name, sizeof name, "%sin_proj_ba", mod);
+        if (!st) st = load_linear(r, name, 2 * nv, H, &g->ba, err);
+        snprintf(name, sizeof name, "%sout_proj", mod);
+        if (!st) st = load_linear(r, name, H, nv * dv, &g->out, err);
+        snprintf(name, sizeof name, "%sconv1d.weight", mod);
+        if (!st) st = load_vec(r, name, C * K, v, err);
+        g->conv_w = v;
+        v += C * K;
+        snprintf(name, sizeof name, "%sA_log", mod);
+        if (!st) st = load_vec(r, name, nv, v, err);
+        g->A_log = v;
+        v += nv;
+        snprintf(name, sizeof name, "%sdt_bias", mod);
+        if (!st) st = load_vec(r, name, nv, v, err);
+        g->dt_bias = v;
+        v += nv;
+        snprintf(name, sizeof name, "%snorm.weight", mod);
+        if (!st) st = load_vec(r, name, dv, v, err);
+        g->norm_w = v;
+    } else {
+        ref_attn_weights *a = &ly->attn;
+        const int64_t nh = r->ad.heads, kvh = r->ad.kv_heads;
+        snprintf(mod, sizeof mod, "%slayers.%lld.self_attn.", r->prefix, (long long)L);
+        snprintf(name, sizeof name, "%sq_proj", mod);
+        if (!st) st = load_linear(r, name, 2 * nh * hd, H, &a->q, err);
+        snprintf(name, sizeof name, "%sk_proj", mod);
+        if (!st) st = load_linear(r, name, kvh * hd, H, &a->k, err);
+        snprintf(name, sizeof name, "%sv_proj", mod);
+        if (!st) st = load_linear(r, name, kvh * hd, H, &a->v, err);
+        snprintf(name, sizeof name, "%so_proj", mod);
+        if (!st) st = load_linear(r, name, H, nh * hd, &a->o, err);
+        snprintf(name, sizeof name, "%sq_norm.weight", mod);
+        if (!st) st = load_vec(r, name, hd, v, err);
+        a->q_norm = v;
+        v += hd;
+        snprintf(name, sizeof name, "%sk_norm.weight", mod);
+        if (!st) st = load_vec(r, name, hd, v, err);
+        a->k_norm = v;
+    }
+    if (st) return td_err_prefix(err, "engine ref: layer %lld: ", (long long)L);
+    ly->mixer_loaded = true;
+    return TD_OK;
+}
+
+/* Why this engine cannot run the whole model (NULL when it can). */
+static td_status model_supported(ref_engine *r, td_err *err)
+{
+    const td_config *c = &r->cfg;
+    if (c->family != TD_FAMILY_QWEN3_NEXT)
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "engine ref: prefill/decode support model_type qwen3_next only (%s is %s)",
+                          r->dir, td_family_name(c->family));
+    if (c->n_layers_present > 0)
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "engine ref: %s holds a subset of the layers "
+                          "(tandem_layers_present); prefill/decode need every layer", r->dir);
+    if (r->opts.act != TD_ACT_FP32 || (r->opts.tp_size > 1 && r->opts.tp_rank != TD_TP_RANK_ALL))
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "engine ref: prefill/decode run with act_dtype=fp32 and "
+                          "tp_rank=all (or tp_size=1) only");
+    for (int64_t L = 0; L < c->num_hidden_layers; L++)
+        if (!td_config_layer_is_moe(c, L) || c->num_experts < 1)
+            return td_err_set(err, TD_ERR_UNSUPPORTED, "engine ref: layer %lld has a dense MLP, which the "
+                              "reference does not implement", (long long)L);
+    return TD_OK;
+}
+
+static void seq_release(ref_engine *r, ref_seq *s)
+{
+    if (s->kv)
+        for (int64_t L = 0; L < r->cfg.num_hidden_layers; L++) ref_kv_free(&s->kv[L]);
+    if (s->gdn)
+        for (int64_t L = 0; L < r->cfg.num_hidden_layers; L++) ref_gdn_state_free(&s->gdn[L]);
+    free(s->kv);
+    free(s->gdn);
+    *s = (ref_seq){0};
+}
+
+static ref_seq *seq_find(ref_engine *r, int64_t id)
+{
+    for (int64_t i = 0; i < r->n_seqs; i++)
+        if (r->seqs[i].used && r->seqs[i].id == id) return &r->seqs[i];
+    return NULL;
+}
+
+/* A fresh (zero) state for sequence `id`; an existing one of that id is replaced. */
+static td_status seq_new(ref_engine *r, int64_t id, ref_seq **out, td_err *err)
+{
+    ref_seq *s = seq_find(r, id);
+    if (s) seq_release(r, s);
+    for (int64_t i = 0; !s && i < r->n_seqs; i++)
+        if (!r->seqs[i].used) s = &r->seqs[i];
+    if (!s) {
+        if (r->n_seqs == r->cap_seqs) {
+            int64_t cap = r->cap_seqs ? 2 * r->cap_seqs : 8;
+            ref_seq *p = realloc(r->seqs, (size_t)cap * sizeof *p);
+            if (!p) return td_err_set(err, TD_ERR_NOMEM, "engine ref: out of memory (sequences)");
+            r->seqs = p;
+            r->cap_seqs = cap;
+        }
+        s = &r->seqs[r->n_seqs++];
+        *s = (ref_seq){0};
+    }
+    const int64_t NL = r->cfg.num_hidden_layers;
+    s->kv = calloc((size_t)NL, sizeof *s->kv);
+    s->gdn = calloc((size_t)NL, sizeof *s->gdn);
+    if (!s->kv || !s->gdn) {
+        seq_release(r, s);
+        return td_err_set(err, TD_ERR_NOMEM, "engine ref: out of memory (sequence %lld)", (long long)id);
+    }
+    for (int64_t L = 0; L < NL; L++)
+        if (r->cfg.layer_types[L] == TD_LAYER_GDN) {
+            td_status st = ref_gdn_state_init(&s->gdn[L], &r->gd, err);
+            if (st) {
+                seq_release(r, s);
+                return st;
+            }
+        }
+    s->id = id;
+    s->used = true;
+    *out = s;
+    return TD_OK;
+}
+
+static void add_rows(float *h, const float *d, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) h[i] = h[i] + d[i];
+}
+
+/* Run m tokens of sequence s through the model; logits [V] of the last token. */
+static td_status forward(ref_engine *r, ref_seq *s, const int32_t *tokens, int64_t m, float *logits, td_err *err)
+{
+    td_engine *e = &r->base;
+    const td_config *c = &r->cfg;
+    const int64_t H = c->hidden_size, V = c->vocab_size, NL = c->num_hidden_layers;
+    const float eps = (float)c->rms_norm_eps;
+    td_status st = load_globals(r, err);
+    if (!st) st = ref_grow(&r->h, &r->cap_h, m * H, err);
+    if (!st) st = ref_grow(&r->xn, &r->cap_xn, m * H, err);
+    if (!st) st = ref_grow(&r->tmp, &r->cap_tmp, m * H, err);
+    if (!st) st = ref_mm_reserve(&r->mmws, ref_pool_threads(r->pool), 1, H, err);
+    if (st) return st;
+    for (int64_t t = 0; t < m; t++) {
+        if (tokens[t] < 0 || tokens[t] >= V)
+            return td_err_set(err, TD_ERR_RANGE, "engine ref: token %lld of the call is %d, outside the vocabulary "
+                              "[0, %lld)", (long long)t, tokens[t], (long long)V);
+        ref_linear_decode_row(&r->embed, &r->opts.nx, tokens[t], r->h + t * H);
+    }
+    const int64_t sh[2] = {m, H};
+    for (int64_t L = 0; L < NL; L++) {
+        st = load_mixer(r, L, err);
+        if (!st) st = load_layer(r, L, err);
+        if (st) return st;
+        const ref_layer *ly = &r->layers[L];
+        for (int64_t t = 0; t < m; t++) ref_rmsnorm_zc(r->h + t * H, H, ly->in_norm, eps, r->xn + t * H);
+        if (ly->type == TD_LAYER_GDN) {
+            st = ref_gdn_run(&ly->gdn, &r->gd, &r->opts.nx, r->pool, &r->gws, &s->gdn[L], r->xn, m, r->tmp, err);
+            if (!st) st = put_tap(e, L, "gdn.out", TD_F32, 2, sh, r->tmp, err);
+        } else {
+            st = ref_attn_run(&ly->attn, &r->ad, &r->opts.nx, r->pool, &r->aws, &s->kv[L], r->xn, m, r->tmp, err);
+            if (!st) st = put_tap(e, L, "attn.out", TD_F32, 2, sh, r->tmp, err);
+        }
+        if (st) return td_err_prefix(err, "engine ref: layer %lld: ", (long long)L);
+        add_rows(r->h, r->tmp, m * H);
+        for (int64_t t = 0; t < m; t++) ref_rmsnorm_zc(r->h + t * H, H, ly->post_norm, eps, r->xn + t * H);
+        st = ref_moe_ws_reserve(&r->ws, &ly->w, m, ref_pool_threads(r->pool), err);
+        if (!st) st = ref_moe_run(&ly->w, &r->opts, r->pool, &r->ws, r->xn, m, NULL, NULL, r->tmp, err);
+        if (!st && e->taps) {
+            const td_block_call bc = {.layer = L, .block = TD_BLOCK_MOE, .n_tokens = m, .input = r->xn,
+                                      .output = r->tmp};
+            st = moe_taps(r, &bc, err);
+        }
+        if (st) return td_err_prefix(err, "engine ref: layer %lld: ", (long long)L);
+        add_rows(r->h, r->tmp, m * H);
+        st = put_tap(e, L, "resid", TD_F32, 2, sh, r->h, err);
+        if (st) return st;
+    }
+    for (int64_t t = 0; t < m; t++) ref_rmsnorm_zc(r->h + t * H, H, r->final_norm, eps, r->xn + t * H);
+    st = put_tap(e, -1, "final.hidden", TD_F32, 2, sh, r->xn, err);
+    if (st) return st;
+    ref_mm(&r->lm_head, &r->opts.nx, r->pool, &r->mmws, r->xn + (m - 1) * H, H, 1, logits, V);
+    const int64_t sl[2] = {1, V};
+    return put_tap(e, -1, "logits", TD_F32, 2, sl, logits, err);
+}
+
 static td_status ref_run_block(td_engine *base, const td_block_call *c, td_err *err)
 {
     ref_engine *r = (ref_engine *)base;
@@ -395,25 +733,35 @@ static td_status ref_run_block(td_engine *base, const td_block_call *c, td_err *
 static td_status ref_prefill(td_engine *e, int64_t seq, const int32_t *tokens, int64_t n, float *logits,
                              td_err *err)
 {
-    (void)e;
-    (void)seq;
-    (void)tokens;
-    (void)n;
-    (void)logits;
-    return td_err_set(err, TD_ERR_UNSUPPORTED,
-                      "engine ref: prefill is not implemented yet (it arrives with the full-model reference); "
-                      "per-layer audits use run_block");
+    ref_engine *r = (ref_engine *)e;
+    td_status st = model_supported(r, err);
+    if (st) return st;
+    ref_seq *s = NULL;
+    st = seq_new(r, seq, &s, err);
+    if (st) return st;
+    st = forward(r, s, tokens, n, logits, err);
+    if (st) {
+        seq_release(r, s); /* a failed prefill leaves no half-built sequence */
+        return td_err_prefix(err, "sequence %lld: ", (long long)seq);
+    }
+    return TD_OK;
 }
 
 static td_status ref_decode(td_engine *e, const td_decode_item *batch, int64_t n, float *logits, td_err *err)
 {
-    (void)e;
-    (void)batch;
-    (void)n;
-    (void)logits;
-    return td_err_set(err, TD_ERR_UNSUPPORTED,
-                      "engine ref: decode is not implemented yet (it arrives with the full-model reference); "
-                      "per-layer audits use run_block");
+    ref_engine *r = (ref_engine *)e;
+    td_status st = model_supported(r, err);
+    if (st) return st;
+    const int64_t V = r->cfg.vocab_size;
+    for (int64_t i = 0; i < n; i++) {
+        ref_seq *s = seq_find(r, batch[i].seq);
+        if (!s)
+            return td_err_set(err, TD_ERR_ARG, "engine ref: decode item %lld: sequence %lld was never prefilled",
+                              (long long)i, (long long)batch[i].seq);
+        st = forward(r, s, &batch[i].token, 1, logits + i * V, err);
+        if (st) return td_err_prefix(err, "decode item %lld (sequence %lld): ", (long long)i, (long long)batch[i].seq);
+    }
+    return TD_OK;
 }
 
 const td_engine_ops td_ref_engine_ops = {

@@ -1,0 +1,311 @@
+/* test_ref_model.c — the reference engine's full qwen3_next model (prefill / decode, state).
+ *
+ * Checkpoints: `qwen3-next-tiny` generated with td_gen (8 layers: 6 Gated DeltaNet + 2 gated
+ * attention, hidden 256, vocab 4096) with 8 experts, once unquantized (BF16) and once NVFP4.
+ * What is asserted:
+ * - prefill of n tokens followed by decode steps gives, bit for bit, the logits of a prefill of
+ *   the longer prompt at its last position (the reference's token-serial recurrences and
+ *   per-token linears make this exact: tolerance 0), for n = 1, 5, 9 and both checkpoints;
+ * - logits are finite and the whole output is written (poisoned with NaN beforehand);
+ * - 1 and 3 worker threads give identical bits;
+ * - a batch of two sequences decoded together equals each decoded alone (state is per
+ *   sequence), and re-prefilling a sequence id restarts it from zero state;
+ * - accum=fp64 differs from accum=fp32 only by rounding (relative max difference < 1e-3);
+ * - errors: decode of an unknown sequence (TD_ERR_ARG), token outside the vocabulary
+ *   (TD_ERR_RANGE), act_dtype=bf16 (TD_ERR_UNSUPPORTED); taps L3.attn.out, L0.gdn.out,
+ *   final.hidden and logits are captured with the documented shapes.
+ * Generation (audit/completion.h) and `tandem run`:
+ * - the completion hash of [1, 2, -1] is SHA-256 of the 12 bytes 01 00 00 00 02 00 00 00
+ *   ff ff ff ff; the empty completion hashes the empty string;
+ * - greedy pick: lowest id among equal maxima, NaN never wins, margin top-1 minus top-2;
+ * - td_generate with batch widths 1 and 3 gives identical completions; compare reports -1 for
+ *   equal completions and the first differing position with both margins otherwise;
+ * - `tandem run` with two identical variants reports identical hashes (exit 0) and writes
+ *   the db; hostile prompt files (bad JSON, empty array, non-integer, out-of-vocabulary id,
+ *   duplicate id) exit 2 with a message naming file and line.
+ */
+#include "test_common.h"
+#include "audit/completion.h"
+#include "audit/engines.h"
+#include "engine.h"
+#include "gen.h"
+#include "sha256.h"
+
+#include <math.h>
+
+#define V 4096
+static char g_dir[2][600];
+
+static void make_ckpt(int i, bool unquantized)
+{
+    snprintf(g_dir[i], sizeof g_dir[i], "%s", td_test_path(unquantized ? "tiny_bf16" : "tiny_nvfp4"));
+    td_gen_opts o;
+    td_gen_opts_init(&o);
+    o.preset = "qwen3-next-tiny";
+    o.seed = 7;
+    o.unquantized = unquantized;
+    o.num_experts = 8;
+    o.force = true;
+    td_gen_plan plan;
+    td_err err = {0};
+    assert_int_equal(td_gen_plan_build(&o, &plan, &err), TD_OK);
+    td_gen_result res;
+    td_status st = td_gen_write(&plan, &o, g_dir[i], &res, &err);
+    if (st) fprintf(stderr, "%s\n", err.msg);
+    assert_int_equal(st, TD_OK);
+    td_gen_plan_free(&plan);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    make_ckpt(0, true);
+    make_ckpt(1, false);
+    return 0;
+}
+
+static td_engine *load(int ck, const char *variant)
+{
+    td_variant v;
+    td_err err = {0};
+    assert_int_equal(td_variant_parse(variant, &v, &err), TD_OK);
+    td_engine *e = NULL;
+    td_status st = td_engine_load(g_dir[ck], &v, &e, &err);
+    if (st) fprintf(stderr, "%s\n", err.msg);
+    assert_int_equal(st, TD_OK);
+    return e;
+}
+
+static const int32_t prompt[12] = {1, 77, 4095, 3, 1000, 2048, 5, 5, 5, 17, 0, 999};
+
+static float *poisoned(int64_t n)
+{
+    float *p = malloc((size_t)n * sizeof *p);
+    assert_non_null(p);
+    for (int64_t i = 0; i < n; i++) p[i] = NAN;
+    return p;
+}
+
+static void assert_finite(const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) assert_true(isfinite(x[i]));
+}
+
+static void model_prefill_then_decode_bitwise(void **state)
+{
+    (void)state;
+    for (int ck = 0; ck < 2; ck++) {
+        td_engine *e = load(ck, "ref:threads=2");
+        td_err err = {0};
+        const int64_t total = 12;
+        float *full = poisoned(V), *step = poisoned(V);
+        static const int64_t ns[3] = {1, 5, 9};
+        for (int a = 0; a < 3; a++) {
+            const int64_t n = ns[a];
+            assert_int_equal(td_engine_prefill(e, 0, prompt, n, step, &err), TD_OK);
+            for (int64_t t = n; t < total; t++) {
+                const td_decode_item it = {0, prompt[t]};
+                assert_int_equal(td_engine_decode(e, &it, 1, step, &err), TD_OK);
+            }
+            assert_int_equal(td_engine_prefill(e, 1, prompt, total, full, &err), TD_OK);
+            assert_finite(full, V);
+            assert_memory_equal(full, step, V * sizeof *full);
+        }
+        free(full);
+        free(step);
+        td_engine_free(e);
+    }
+}
+
+static void model_threads_and_batch_bitwise(void **state)
+{
+    (void)state;
+    td_engine *e1 = load(1, "ref:threads=1"), *e3 = load(1, "ref:threads=3");
+    td_err err = {0};
+    float *a = poisoned(2 * V), *b = poisoned(2 * V), *c = poisoned(V);
+    assert_int_equal(td_engine_prefill(e1, 5, prompt, 4, a, &err), TD_OK);
+    assert_int_equal(td_engine_prefill(e3, 5, prompt, 4, b, &err), TD_OK);
+    assert_memory_equal(a, b, V * sizeof *a);
+    /* two sequences in one decode batch on e3; alone on e1 */
+    assert_int_equal(td_engine_prefill(e3, 9, prompt + 4, 3, b, &err), TD_OK);
+    const td_decode_item batch[2] = {{5, 11}, {9, 12}};
+    assert_int_equal(td_engine_decode(e3, batch, 2, b, &err), TD_OK);
+    assert_int_equal(td_engine_decode(e1, &batch[0], 1, a, &err), TD_OK);
+    assert_memory_equal(a, b, V * sizeof *a);
+    assert_int_equal(td_engine_prefill(e1, 9, prompt + 4, 3, c, &err), TD_OK);
+    assert_int_equal(td_engine_decode(e1, &batch[1], 1, a, &err), TD_OK);
+    assert_memory_equal(a, b + V, V * sizeof *a);
+    /* re-prefill restarts from zero state */
+    assert_int_equal(td_engine_prefill(e1, 5, prompt, 4, c, &err), TD_OK);
+    assert_int_equal(td_engine_prefill(e1, 6, prompt, 4, a, &err), TD_OK);
+    assert_memory_equal(a, c, V * sizeof *a);
+    free(a);
+    free(b);
+    free(c);
+    td_engine_free(e1);
+    td_engine_free(e3);
+}
+
+static void model_fp64_accum_close(void **state)
+{
+    (void)state;
+    td_engine *e = load(0, "ref"), *f = load(0, "ref:accum=fp64");
+    td_err err = {0};
+    float *a = poisoned(V), *b = poisoned(V);
+    assert_int_equal(td_engine_prefill(e, 0, prompt, 12, a, &err), TD_OK);
+    assert_int_equal(td_engine_prefill(f, 0, prompt, 12, b, &err), TD_OK);
+    double mx = 0, md = 0;
+    for (int i = 0; i < V; i++) {
+        mx = fmax(mx, fabs((double)a[i]));
+        md = fmax(md, fabs((double)a[i] - (double)b[i]));
+    }
+    assert_true(mx > 0);
+    assert_true(md / mx < 1e-3);
+    free(a);
+    free(b);
+    td_engine_free(e);
+    td_engine_free(f);
+}
+
+static void model_errors_and_taps(void **state)
+{
+    (void)state;
+    td_engine *e = load(0, "ref");
+    td_err err = {0};
+    float *a = poisoned(V);
+    const td_decode_item it = {42, 1};
+    assert_int_equal(td_engine_decode(e, &it, 1, a, &err), TD_ERR_ARG);
+    const int32_t bad[2] = {1, V};
+    assert_int_equal(td_engine_prefill(e, 0, bad, 2, a, &err), TD_ERR_RANGE);
+    assert_non_null(strstr(err.msg, "vocabulary"));
+    static const char *const pats[] = {"L3.attn.out", "L0.gdn.out", "final.hidden", "logits", "L7.resid"};
+    td_taps *t = NULL;
+    assert_int_equal(td_taps_new(pats, 5, &t, &err), TD_OK);
+    td_engine_set_taps(e, t);
+    assert_int_equal(td_engine_prefill(e, 0, prompt, 3, a, &err), TD_OK);
+    assert_int_equal(td_taps_count(t), 5);
+    const td_tap *tp = td_taps_find(t, "L3.attn.out");
+    assert_non_null(tp);
+    assert_int_equal(tp->shape[0], 3);
+    assert_int_equal(tp->shape[1], 256);
+    tp = td_taps_find(t, "logits");
+    assert_non_null(tp);
+    assert_memory_equal(tp->data, a, V * sizeof *a);
+    td_engine_set_taps(e, NULL);
+    td_taps_free(t);
+    td_engine_free(e);
+    td_engine *b = load(0, "ref:act_dtype=bf16");
+    assert_int_equal(td_engine_prefill(b, 0, prompt, 2, a, &err), TD_ERR_UNSUPPORTED);
+    td_engine_free(b);
+    free(a);
+}
+
+static void completion_hash_and_pick(void **state)
+{
+    (void)state;
+    const int32_t ids[3] = {1, 2, -1};
+    const uint8_t bytes[12] = {1, 0, 0, 0, 2, 0, 0, 0, 0xff, 0xff, 0xff, 0xff};
+    uint8_t d[TD_SHA256_DIGEST_LEN];
+    char want[TD_SHA256_HEX_LEN], got[TD_SHA256_HEX_LEN];
+    td_sha256(bytes, sizeof bytes, d);
+    td_sha256_hex(d, want);
+    td_completion_hash(ids, 3, got);
+    assert_string_equal(got, want);
+    td_completion_hash(ids, 0, got);
+    assert_string_equal(got, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    const float l[5] = {1.0f, NAN, 3.0f, 3.0f, 2.5f};
+    double m;
+    assert_int_equal(td_greedy_pick(l, 5, &m), 2);
+    assert_true(m == 0.0);
+    const float l2[3] = {NAN, -1.0f, 0.5f};
+    assert_int_equal(td_greedy_pick(l2, 3, &m), 2);
+    assert_true(m == 1.5);
+}
+
+static void completion_batches_agree(void **state)
+{
+    (void)state;
+    td_engine *e = load(1, "ref:threads=2");
+    td_err err = {0};
+    const td_prompt pr[4] = {{prompt, 3}, {prompt + 3, 5}, {prompt + 1, 1}, {prompt, 12}};
+    td_completion a[4], b[4];
+    td_gen_params p = {.max_new = 6, .batch = 1, .eos = -1};
+    assert_int_equal(td_generate(e, V, pr, 4, &p, a, &err), TD_OK);
+    p.batch = 3;
+    assert_int_equal(td_generate(e, V, pr, 4, &p, b, &err), TD_OK);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(a[i].n, 6);
+        assert_memory_equal(a[i].tokens, b[i].tokens, 6 * sizeof(int32_t));
+        assert_string_equal(a[i].hash, b[i].hash);
+        assert_int_equal(td_completion_compare(&a[i], &b[i]).pos, -1);
+    }
+    /* an eos stops generation right after it */
+    p.eos = a[0].tokens[2];
+    td_completion c[1];
+    assert_int_equal(td_generate(e, V, pr, 1, &p, c, &err), TD_OK);
+    assert_int_equal(c[0].n, 3);
+    td_divergence dv = td_completion_compare(&c[0], &a[0]);
+    assert_int_equal(dv.pos, 3);
+    assert_true(isnan(dv.margin_a) && dv.margin_b == a[0].margins[3]);
+    b[1].tokens[4] ^= 1;
+    dv = td_completion_compare(&a[1], &b[1]);
+    assert_int_equal(dv.pos, 4);
+    assert_true(dv.margin_a == a[1].margins[4] && dv.margin_a >= 0);
+    for (int i = 0; i < 4; i++) {
+        td_completion_free(&a[i]);
+        td_completion_free(&b[i]);
+    }
+    td_completion_free(&c[0]);
+    td_engine_free(e);
+}
+
+static int run_cli(const char *prompts_text, const char *extra, char **out)
+{
+    const char *t = getenv("TD_TANDEM");
+    if (!t) t = "build/release/tandem";
+    const char *pp = td_test_path("prompts.jsonl"), *log = td_test_path("run.log");
+    td_test_write_str(pp, prompts_text);
+    int rc = td_test_sh("%s run --model %s --prompts %s --max-new 4 %s > %s 2>&1", t, g_dir[0], pp, extra, log);
+    *out = td_test_slurp(log, NULL);
+    assert_non_null(*out);
+    return rc;
+}
+
+static void run_cli_hashes_and_hostile_prompts(void **state)
+{
+    (void)state;
+    char *out;
+    char extra[900];
+    snprintf(extra, sizeof extra, "--engines ref,ref:threads=1 --batch 1,2 --db %s", td_test_path("run.db"));
+    assert_int_equal(run_cli("[1, 2, 3]\n{\"id\": \"b\", \"tokens\": [7]}\n", extra, &out), 0);
+    assert_non_null(strstr(out, "8 of 8 completions equal"));
+    free(out);
+    static const struct { const char *text, *needle; } bad[] = {
+        {"[1, 2\n", ":1"},
+        {"[1]\n[]\n", ":2: expected a non-empty array"},
+        {"[1]\n\n[1.5]\n", ":3"},
+        {"[4096]\n", "outside the vocabulary"},
+        {"{\"id\": \"x\", \"tokens\": [1]}\n{\"id\": \"x\", \"tokens\": [2]}\n", ":2: duplicate id"},
+        {"\n\n", "no prompts"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const int rc = run_cli(bad[i].text, "--engines ref --no-db", &out);
+        if (rc != 2 || !strstr(out, bad[i].needle) || !strstr(out, "prompts.jsonl"))
+            fail_msg("case %zu: rc %d output '%s'", i, rc, out);
+        free(out);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(model_prefill_then_decode_bitwise),
+        cmocka_unit_test(model_threads_and_batch_bitwise),
+        cmocka_unit_test(model_fp64_accum_close),
+        cmocka_unit_test(model_errors_and_taps),
+        cmocka_unit_test(completion_hash_and_pick),
+        cmocka_unit_test(completion_batches_agree),
+        cmocka_unit_test(run_cli_hashes_and_hostile_prompts),
+    };
+    return cmocka_run_group_tests_name("ref_model", tests, setup, NULL);
+}
