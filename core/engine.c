@@ -602,3 +602,12 @@ void td_engine_free(td_engine *e)
     if (!e) return;
     e->ops->free(e);
 }
+
+td_status td_engine_put_tap(td_engine *e, int64_t layer, const char *suffix, td_dtype dtype, int ndim,
+                            const int64_t *shape, const void *data, td_err *err)
+{
+    char name[TD_TAP_NAME_MAX];
+    td_tap_name(name, sizeof name, layer, suffix);
+    if (!td_taps_wants(e->taps, name)) return TD_OK;
+    return td_taps_put(e->taps, name, dtype, ndim, shape, data, err);
+}

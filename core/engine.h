@@ -293,6 +293,10 @@ td_status td_engine_decode(td_engine *e, const td_decode_item *batch, int64_t n,
                            td_err *err);
 /* Lend a tap set (NULL turns taps off). */
 void td_engine_set_taps(td_engine *e, td_taps *taps);
+/* For engines: capture tap "L{layer}.{suffix}" ("{suffix}" when layer < 0) into the engine's
+ * tap set when the set wants it; TD_OK and nothing copied when taps are off. */
+td_status td_engine_put_tap(td_engine *e, int64_t layer, const char *suffix, td_dtype dtype, int ndim,
+                            const int64_t *shape, const void *data, td_err *err);
 const td_variant *td_engine_variant(const td_engine *e);
 const td_engine_model *td_engine_model_info(const td_engine *e);
 void td_engine_free(td_engine *e);

@@ -26,7 +26,7 @@ extern "C" {
 #include "layout.h"
 #include "quant.h"
 #include "safetensors.h"
-#include "ref/linear.h"
+#include "nvfp4.h"
 }
 #include "moe.cuh"
 
@@ -192,12 +192,9 @@ static td_status upload(cu_engine *c, const host_lin *h, int64_t n, char (*names
         if (st) return st;
         uint16_t *tmp = (uint16_t *)malloc((size_t)out->e_s * sizeof *tmp);
         if (!tmp) return td_err_set(err, TD_ERR_NOMEM, "engine cuda: out of host memory");
-        ref_numerics nx;
-        memset(&nx, 0, sizeof nx);
-        nx.scale = TD_SCALE_FP16;
         for (int64_t i = 0; i < n; i++) {
             for (int64_t j = 0; j < out->e_s; j++)
-                tmp[j] = td_f32_to_f16(ref_nvfp4_eff_scale(h[i].s[j], h[i].global, h[i].conv, &nx));
+                tmp[j] = td_f32_to_f16(td_nvfp4_block_factor(h[i].s[j], h[i].global, h[i].conv));
             cudaError_t e1 = cudaMemcpy((uint8_t *)dw + i * out->e_w, h[i].w, (size_t)out->e_w, cudaMemcpyHostToDevice);
             cudaError_t e2 = e1 == cudaSuccess ? cudaMemcpy((uint16_t *)ds + i * out->e_s, tmp,
                                                             (size_t)out->e_s * sizeof *tmp, cudaMemcpyHostToDevice)
@@ -437,15 +434,6 @@ fail:
     return st;
 }
 
-static td_status put_tap(td_engine *e, int64_t layer, const char *suffix, td_dtype dt, int ndim,
-                         const int64_t *shape, const void *data, td_err *err)
-{
-    char name[TD_TAP_NAME_MAX];
-    td_tap_name(name, sizeof name, layer, suffix);
-    if (!td_taps_wants(e->taps, name)) return TD_OK;
-    return td_taps_put(e->taps, name, dt, ndim, shape, data, err);
-}
-
 /* One chunk of at most CU_TOKEN_CAP tokens, enqueued on the engine's stream. */
 static td_status run_chunk(cu_engine *c, const cu_layer *ly, const td_block_call *call, int64_t t0, int64_t Mc,
                            td_err *err)
@@ -540,15 +528,15 @@ static td_status cu_run_block(td_engine *base, const td_block_call *call, td_err
         const int64_t H = c->cfg.hidden_size;
         if (call->block == TD_BLOCK_ROUTER) {
             const int64_t sh[2] = {M, E};
-            return put_tap(base, L, "moe.router_logits", TD_F32, 2, sh, call->output, err);
+            return td_engine_put_tap(base, L, "moe.router_logits", TD_F32, 2, sh, call->output, err);
         }
         if (M <= CU_TOKEN_CAP) {
             const int64_t sk[2] = {M, k};
-            st = put_tap(base, L, "moe.topk", TD_I32, 2, sk, c->h_ids, err);
-            if (!st) st = put_tap(base, L, "moe.topk_weights", TD_F32, 2, sk, c->h_wts, err);
+            st = td_engine_put_tap(base, L, "moe.topk", TD_I32, 2, sk, c->h_ids, err);
+            if (!st) st = td_engine_put_tap(base, L, "moe.topk_weights", TD_F32, 2, sk, c->h_wts, err);
         }
         const int64_t sh[2] = {M, H};
-        if (!st) st = put_tap(base, L, "moe.out", TD_F32, 2, sh, call->output, err);
+        if (!st) st = td_engine_put_tap(base, L, "moe.out", TD_F32, 2, sh, call->output, err);
         return st;
     }
     return TD_OK;

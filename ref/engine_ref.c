@@ -393,15 +393,6 @@ fail:
     return st;
 }
 
-static td_status put_tap(td_engine *e, int64_t layer, const char *suffix, td_dtype dt, int ndim,
-                         const int64_t *shape, const void *data, td_err *err)
-{
-    char name[TD_TAP_NAME_MAX];
-    td_tap_name(name, sizeof name, layer, suffix);
-    if (!td_taps_wants(e->taps, name)) return TD_OK;
-    return td_taps_put(e->taps, name, dt, ndim, shape, data, err);
-}
-
 static td_status moe_taps(ref_engine *r, const td_block_call *c, td_err *err)
 {
     td_engine *e = &r->base;
@@ -410,20 +401,20 @@ static td_status moe_taps(ref_engine *r, const td_block_call *c, td_err *err)
     td_status st = TD_OK;
     if (r->ws.router_ran) {
         const int64_t s[2] = {M, w->n_experts};
-        st = put_tap(e, L, "moe.router_logits", TD_F32, 2, s, r->ws.logits, err);
+        st = td_engine_put_tap(e, L, "moe.router_logits", TD_F32, 2, s, r->ws.logits, err);
     }
     const int64_t sk[2] = {M, k};
-    if (!st) st = put_tap(e, L, "moe.topk", TD_I32, 2, sk, r->ws.ids, err);
-    if (!st) st = put_tap(e, L, "moe.topk_weights", TD_F32, 2, sk, r->ws.weights, err);
+    if (!st) st = td_engine_put_tap(e, L, "moe.topk", TD_I32, 2, sk, r->ws.ids, err);
+    if (!st) st = td_engine_put_tap(e, L, "moe.topk_weights", TD_F32, 2, sk, r->ws.weights, err);
     if (r->opts.tp_rank != TD_TP_RANK_ALL) {
         const int64_t sa[3] = {M, k, w->inter / r->opts.tp_size}, so[3] = {M, k, H};
-        if (!st) st = put_tap(e, L, "moe.expert_act", TD_F32, 3, sa, r->ws.act, err);
-        if (!st) st = put_tap(e, L, "moe.expert_out", TD_F32, 3, so, r->ws.eout, err);
+        if (!st) st = td_engine_put_tap(e, L, "moe.expert_act", TD_F32, 3, sa, r->ws.act, err);
+        if (!st) st = td_engine_put_tap(e, L, "moe.expert_out", TD_F32, 3, so, r->ws.eout, err);
         const int64_t ss[2] = {M, H};
-        if (!st && w->has_shared) st = put_tap(e, L, "moe.shared_out", TD_F32, 2, ss, r->ws.sh_out, err);
+        if (!st && w->has_shared) st = td_engine_put_tap(e, L, "moe.shared_out", TD_F32, 2, ss, r->ws.sh_out, err);
     }
     const int64_t sh[2] = {M, H};
-    if (!st) st = put_tap(e, L, "moe.out", TD_F32, 2, sh, c->output, err);
+    if (!st) st = td_engine_put_tap(e, L, "moe.out", TD_F32, 2, sh, c->output, err);
     return st;
 }
 
@@ -674,10 +665,10 @@ static td_status forward(ref_engine *r, ref_seq *s, const int32_t *tokens, int64
         for (int64_t t = 0; t < m; t++) ref_rmsnorm_zc(r->h + t * H, H, ly->in_norm, eps, r->xn + t * H);
         if (ly->type == TD_LAYER_GDN) {
             st = ref_gdn_run(&ly->gdn, &r->gd, &r->opts.nx, r->pool, &r->gws, &s->gdn[L], r->xn, m, r->tmp, err);
-            if (!st) st = put_tap(e, L, "gdn.out", TD_F32, 2, sh, r->tmp, err);
+            if (!st) st = td_engine_put_tap(e, L, "gdn.out", TD_F32, 2, sh, r->tmp, err);
         } else {
             st = ref_attn_run(&ly->attn, &r->ad, &r->opts.nx, r->pool, &r->aws, &s->kv[L], r->xn, m, r->tmp, err);
-            if (!st) st = put_tap(e, L, "attn.out", TD_F32, 2, sh, r->tmp, err);
+            if (!st) st = td_engine_put_tap(e, L, "attn.out", TD_F32, 2, sh, r->tmp, err);
         }
         if (st) return td_err_prefix(err, "engine ref: layer %lld: ", (long long)L);
         add_rows(r->h, r->tmp, m * H);
@@ -691,15 +682,15 @@ static td_status forward(ref_engine *r, ref_seq *s, const int32_t *tokens, int64
         }
         if (st) return td_err_prefix(err, "engine ref: layer %lld: ", (long long)L);
         add_rows(r->h, r->tmp, m * H);
-        st = put_tap(e, L, "resid", TD_F32, 2, sh, r->h, err);
+        st = td_engine_put_tap(e, L, "resid", TD_F32, 2, sh, r->h, err);
         if (st) return st;
     }
     for (int64_t t = 0; t < m; t++) ref_rmsnorm_zc(r->h + t * H, H, r->final_norm, eps, r->xn + t * H);
-    st = put_tap(e, -1, "final.hidden", TD_F32, 2, sh, r->xn, err);
+    st = td_engine_put_tap(e, -1, "final.hidden", TD_F32, 2, sh, r->xn, err);
     if (st) return st;
     ref_mm(&r->lm_head, &r->opts.nx, r->pool, &r->mmws, r->xn + (m - 1) * H, H, 1, logits, V);
     const int64_t sl[2] = {1, V};
-    return put_tap(e, -1, "logits", TD_F32, 2, sl, logits, err);
+    return td_engine_put_tap(e, -1, "logits", TD_F32, 2, sl, logits, err);
 }
 
 static td_status ref_run_block(td_engine *base, const td_block_call *c, td_err *err)
@@ -719,7 +710,7 @@ static td_status ref_run_block(td_engine *base, const td_block_call *c, td_err *
         st = ref_moe_router(w, &r->opts, r->pool, &r->ws, c->input, c->n_tokens, c->output, err);
         if (!st && base->taps) {
             const int64_t s[2] = {c->n_tokens, w->n_experts};
-            st = put_tap(base, c->layer, "moe.router_logits", TD_F32, 2, s, c->output, err);
+            st = td_engine_put_tap(base, c->layer, "moe.router_logits", TD_F32, 2, s, c->output, err);
         }
     } else {
         st = ref_moe_run(w, &r->opts, r->pool, &r->ws, c->input, c->n_tokens, c->route_ids, c->route_weights,
