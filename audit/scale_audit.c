@@ -476,13 +476,7 @@ static td_status ctx_open(audit_ctx *a, td_err *err)
     a->quant_loaded = true;
     st = td_st_set_open(o->model, &a->set, err);
     if (st) return st;
-    size_t n = td_st_set_count(a->set);
-    const char **names = malloc((n ? n : 1) * sizeof *names);
-    if (!names) return td_err_set(err, TD_ERR_NOMEM, "audit e4m3: out of memory");
-    for (size_t i = 0; i < n; i++) names[i] = td_st_set_name(a->set, i);
-    const char *prefix = td_layout_detect_prefix(n, names);
-    free(names);
-    st = td_layout_build(a->cfg, prefix, &a->layout, err);
+    st = td_layout_build(a->cfg, td_layout_set_prefix(a->set), &a->layout, err);
     if (st) return st;
     a->layout_built = true;
 

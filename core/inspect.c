@@ -386,16 +386,12 @@ td_status td_inspect(const char *dir, bool progress, td_inspect_report *r, td_er
     if (st) goto done;
     c.count = td_st_set_count(c.set);
     c.claimed = calloc(c.count ? c.count : 1, sizeof *c.claimed);
-    const char **names = malloc((c.count ? c.count : 1) * sizeof *names);
-    if (!c.claimed || !names) {
-        free(names);
+    if (!c.claimed) {
         st = td_err_set(err, TD_ERR_NOMEM, "inspect: out of memory");
         goto done;
     }
-    for (size_t i = 0; i < c.count; i++) names[i] = td_st_set_name(c.set, i);
     snprintf(r->prefix, sizeof r->prefix, "%s",
-             r->cfg.family == TD_FAMILY_QWEN4_EXP ? td_layout_detect_prefix(c.count, names) : "model.");
-    free(names);
+             r->cfg.family == TD_FAMILY_QWEN4_EXP ? td_layout_set_prefix(c.set) : "model.");
 
     /* whole-file facts; opens every shard so that a broken one is a clear fatal error */
     st = td_st_set_validate(c.set, err);

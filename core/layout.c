@@ -15,11 +15,19 @@ const char *td_mod_kind_name(td_mod_kind k)
     return (unsigned)k < TD_MOD_KIND_COUNT ? kind_names[k] : "?";
 }
 
+static const char lm_prefix[] = "model.language_model.";
+
 const char *td_layout_detect_prefix(size_t n, const char *const *names)
 {
-    static const char lm[] = "model.language_model.";
     for (size_t i = 0; i < n; i++)
-        if (!strncmp(names[i], lm, sizeof lm - 1)) return lm;
+        if (!strncmp(names[i], lm_prefix, sizeof lm_prefix - 1)) return lm_prefix;
+    return "model.";
+}
+
+const char *td_layout_set_prefix(const td_st_set *s)
+{
+    for (size_t i = 0; i < td_st_set_count(s); i++)
+        if (!strncmp(td_st_set_name(s, i), lm_prefix, sizeof lm_prefix - 1)) return lm_prefix;
     return "model.";
 }
 

@@ -26,6 +26,7 @@
 #define TD_LAYOUT_H
 
 #include "config.h"
+#include "safetensors.h"
 
 typedef enum td_mod_kind {
     TD_MOD_LINEAR = 0,   /* NAME.weight [out, in] (quantizable) */
@@ -61,6 +62,8 @@ const char *td_mod_kind_name(td_mod_kind k);
 
 /* "model.language_model." if any name starts with it, else "model.". */
 const char *td_layout_detect_prefix(size_t n_names, const char *const *names);
+/* The same over every tensor name of a checkpoint (opens no shard). */
+const char *td_layout_set_prefix(const td_st_set *s);
 
 td_status td_layout_build(const td_config *cfg, const char *prefix, td_layout *out, td_err *err);
 void td_layout_free(td_layout *l);

@@ -1256,18 +1256,8 @@ td_status td_quantize(const td_quantize_opts *o, td_quantize_result *res, td_err
     st = td_st_set_open(o->in_dir, &c.set, err);
     if (!st) st = td_st_set_validate(c.set, err);
     if (st) goto done;
-    {
-        size_t cnt = td_st_set_count(c.set);
-        const char **names = malloc((cnt ? cnt : 1) * sizeof *names);
-        if (!names) {
-            st = td_err_set(err, TD_ERR_NOMEM, "quantize: out of memory");
-            goto done;
-        }
-        for (size_t i = 0; i < cnt; i++) names[i] = td_st_set_name(c.set, i);
-        snprintf(c.prefix, sizeof c.prefix, "%s",
-                 c.cfg.family == TD_FAMILY_QWEN4_EXP ? td_layout_detect_prefix(cnt, names) : "model.");
-        free(names);
-    }
+    snprintf(c.prefix, sizeof c.prefix, "%s",
+             c.cfg.family == TD_FAMILY_QWEN4_EXP ? td_layout_set_prefix(c.set) : "model.");
 
     st = build_units(&c, only_used, excl_used);
     if (st) goto done;

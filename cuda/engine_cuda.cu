@@ -371,17 +371,7 @@ static td_status cu_load(const char *checkpoint, const td_variant *v, td_engine 
     if (!st) st = td_quant_load(checkpoint, &c->quant, err);
     if (!st) st = td_st_set_open(checkpoint, &c->set, err);
     if (st) goto fail;
-    {
-        size_t n = td_st_set_count(c->set);
-        const char **names = (const char **)malloc((n ? n : 1) * sizeof *names);
-        if (!names) {
-            st = td_err_set(err, TD_ERR_NOMEM, "engine cuda: out of memory");
-            goto fail;
-        }
-        for (size_t i = 0; i < n; i++) names[i] = td_st_set_name(c->set, i);
-        snprintf(c->prefix, sizeof c->prefix, "%s", td_layout_detect_prefix(n, names));
-        free(names);
-    }
+    snprintf(c->prefix, sizeof c->prefix, "%s", td_layout_set_prefix(c->set));
     {
         const td_config *cf = &c->cfg;
         td_engine_model *m = &c->base.model;

@@ -336,17 +336,7 @@ static td_status ref_load(const char *checkpoint, const td_variant *v, td_engine
     if (!st) st = td_quant_load(checkpoint, &r->quant, err);
     if (!st) st = td_st_set_open(checkpoint, &r->set, err);
     if (st) goto fail;
-    {
-        size_t n = td_st_set_count(r->set);
-        const char **names = malloc((n ? n : 1) * sizeof *names);
-        if (!names) {
-            st = td_err_set(err, TD_ERR_NOMEM, "engine ref: out of memory");
-            goto fail;
-        }
-        for (size_t i = 0; i < n; i++) names[i] = td_st_set_name(r->set, i);
-        snprintf(r->prefix, sizeof r->prefix, "%s", td_layout_detect_prefix(n, names));
-        free(names);
-    }
+    snprintf(r->prefix, sizeof r->prefix, "%s", td_layout_set_prefix(r->set));
     const td_config *c = &r->cfg;
     r->layers = calloc((size_t)c->num_hidden_layers, sizeof *r->layers);
     if (!r->layers) {
