@@ -225,7 +225,8 @@ GPU_RPATH  := -Wl,-rpath,'$$ORIGIN'
 CUDA_OBJ   := $(CUDA_SRC:cuda/%.cu=$(GPU_OUT)/cuda/%.o)
 GPU_TEST_SRC := $(sort $(wildcard tests/gpu/test_*.c))
 GPU_TEST_BIN := $(GPU_TEST_SRC:tests/gpu/%.c=$(GPU_OUT)/tests/%)
-GPU_BENCH_BIN := $(patsubst tests/gpu/%.c,$(GPU_OUT)/tests/%,$(sort $(wildcard tests/gpu/bench_*.c)))
+GPU_BENCH_BIN := \
+                 $(patsubst bench/gpu/%.cu,$(GPU_OUT)/bench/%,$(sort $(wildcard bench/gpu/*.cu)))
 GPU_LIB_OBJ  := $(filter-out $(OUT)/audit/engines.o,$(LIB_OBJ)) $(GPU_OUT)/audit/engines.o
 GPU_TANDEM   := $(GPU_OUT)/tandem
 DEVICE_DIR   := build/device
@@ -262,6 +263,17 @@ $(GPU_TANDEM): $(CLI_OBJ) $(GPU_LIB_OBJ) $(CUDA_OBJ)
 $(GPU_OUT)/tests/%: $(GPU_OUT)/tests/%.o $(GPU_LIB_OBJ) $(CUDA_OBJ)
 	@$(if $(Q),echo "  LINK    $@")
 	$(Q)$(CC) $(LDFLAGS_ALL) $(GPU_RPATH) -o $@ $< $(GPU_LIB_OBJ) $(CUDA_OBJ) $(TEST_LDLIBS) $(LDLIBS_ALL) $(GPU_LDLIBS)
+
+# GPU benches (bench/gpu/*.cu) call the cuda/ launchers directly; cuBLAS, their baseline, is
+# opened at run time (dlopen), so the bundle stays small and the build needs no cuBLAS.
+$(GPU_OUT)/bench/%.o: bench/gpu/%.cu | deps
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) $(NVCCFLAGS_ALL) -Idb -Iaudit -c $< -o $@
+
+$(GPU_OUT)/bench/%: $(GPU_OUT)/bench/%.o $(GPU_LIB_OBJ) $(CUDA_OBJ)
+	@$(if $(Q),echo "  LINK    $@")
+	$(Q)$(CC) $(LDFLAGS_ALL) $(GPU_RPATH) -o $@ $< $(GPU_LIB_OBJ) $(CUDA_OBJ) $(LDLIBS_ALL) $(GPU_LDLIBS) -ldl
 
 device-bundle: gpu
 	@scripts/device-bundle.sh $(DEVICE_DIR) "$(DEVICE_LIBS)" $(GPU_TANDEM) $(GPU_TEST_BIN) $(GPU_BENCH_BIN)

@@ -7,7 +7,7 @@
  *   infinity and NaN rules of each semantics applied around it;
  * - FP16/BF16 bit patterns of exactly representable values built from frexp;
  * - FP32 rounding of exact products by the C conversion double -> float (round to nearest),
- *   FP16 rounding by td_f16_round() (audit/e4m3_recon.c).
+ *   FP16 rounding by td_f16_round() (core/e4m3_recon.c).
  */
 #include "e4m3.h"
 #include "rng.h"

@@ -1,6 +1,6 @@
 /* e4m3.h — Part 1 of `tandem audit e4m3`: the codec self-audit (no checkpoint needed).
  *
- * td_codec_audit() checks a td_codec (audit/e4m3_recon.h; td_codec_tandem() for tandem's own
+ * td_codec_audit() checks a td_codec (core/e4m3_recon.h; td_codec_tandem() for tandem's own
  * conversions) against oracles written independently of core/formats.c: sign/exponent/
  * mantissa arithmetic in double (ldexp), nearest-value searches over sorted value tables with
  * ties to the even code, and FP16/BF16 bit patterns built from frexp. docs/audit-e4m3.md lists

@@ -6,7 +6,7 @@
  * For every NVFP4 module of the checkpoint (core/layout.h inventory, core/quant.h schemes;
  * narrowed by layers and routed experts), td_scale_audit() reads the block scales
  * (weight_scale, F8_E4M3 [N, K/16]) and the global (weight_scale_2 / weight_global_scale) and
- * evaluates, for every element, the arithmetic of audit/e4m3_recon.h:
+ * evaluates, for every element, the arithmetic of core/e4m3_recon.h:
  *   prepared  = FP16(FP32(e4m3) * g)         g = the decode multiplier (ModelOpt: the stored
  *                                            global; compressed-tensors: fl32(1 / global))
  *   raw       = E4M3_torch(f32(prepared) / g)
@@ -16,7 +16,7 @@
  *   effective a positive FP16 normal, g finite and > 0                     (check "range")
  * An element failing any check is rejected; a tensor is admitted when no element is. A
  * rejected tensor carries its first offending element (row-major) and the reason class of
- * audit/e4m3_recon.h.
+ * core/e4m3_recon.h.
  *
  * Exhaustiveness and speed: every check is a pure function of (code, global), so the default
  * mode evaluates the 256 codes once per global and weighs the results with the tensor's code
@@ -24,7 +24,7 @@
  * the bench assert the equality). Counts, first offenders and verdicts are those of the
  * element-by-element evaluation in both modes.
  *
- * Reasons: every rejected element has a reason class (audit/e4m3_recon.h); a tensor's (or
+ * Reasons: every rejected element has a reason class (core/e4m3_recon.h); a tensor's (or
  * slice's) reason is the highest-precedence class among its rejected elements (the code
  * classes come first: a tensor with subnormal codes is rejected for them even when a tiny
  * prepared scale underflows earlier in the tensor), reported with the first element of that

@@ -11,9 +11,9 @@
  * - cu_lin describes a linear layer W [rows, cols] (row = output, col = reduction index) of
  *   one or several experts stored back to back in device memory: NVFP4 (packed E2M1 bytes,
  *   element 2j in the low nibble of byte j, plus one prepared FP16 effective scale per
- *   16-element block) or dense BF16/F16/F32. Expert e's row r starts at
- *   w + e*e_w + r*w_ld bytes (scales at s + e*e_s + r*s_ld halves). Plain data: it is passed
- *   to kernels by value and owns nothing.
+ *   16-element block, or with raw storage the E4M3 codes and a global per expert) or dense
+ *   BF16/F16/F32. Expert e's row r starts at w + e*e_w + r*w_ld bytes (scales at
+ *   s + e*e_s + r*s_ld). Plain data: it is passed to kernels by value and owns nothing.
  */
 #ifndef TD_CUDA_COMMON_CUH
 #define TD_CUDA_COMMON_CUH
@@ -49,11 +49,30 @@ typedef struct cu_lin {
     int kind;              /* cu_wkind */
     int64_t rows, cols;    /* logical shape of one expert's matrix */
     const uint8_t *w;      /* packed E2M1 (NVFP4) or dense elements, expert 0 row 0 */
-    const __half *s;       /* NVFP4: prepared FP16 effective scales [rows, cols/16] */
+    const __half *s;       /* NVFP4 prepared: FP16 effective scales [rows, cols/16] */
+    int raw;               /* NVFP4 raw storage: E4M3 codes `sr` (same index as s) and one
+                              global per expert `gl`, decoded by cu_raw_eff() */
+    int conv;              /* raw: 0 ModelOpt (code x g), 1 compressed-tensors (code / g) */
+    const uint8_t *sr;
+    const float *gl;
     int64_t w_ld;          /* bytes per row */
     int64_t s_ld;          /* halves per row (NVFP4) */
     int64_t e_w;           /* bytes per expert */
     int64_t e_s;           /* halves per expert (NVFP4) */
 } cu_lin;
+
+#ifdef __CUDACC__
+#include <cuda_fp8.h>
+/* Raw storage's effective scale, the strict arithmetic of the prepared scales:
+ * FP16_rn(fl32(E4M3(code) x g)) (ModelOpt) or FP16_rn(fl32(E4M3(code) / g)) (compressed-tensors),
+ * returned as float. */
+__device__ __forceinline__ float cu_raw_eff(uint32_t code, float g, int conv)
+{
+    const __half_raw hr = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, __NV_E4M3);
+    const float sc = __half2float(__half(hr));
+    const float p = conv ? __fdiv_rn(sc, g) : __fmul_rn(sc, g);
+    return __half2float(__float2half_rn(p));
+}
+#endif
 
 #endif /* TD_CUDA_COMMON_CUH */

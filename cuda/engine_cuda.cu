@@ -27,23 +27,31 @@ extern "C" {
 #include "quant.h"
 #include "safetensors.h"
 #include "nvfp4.h"
+#include "e4m3_recon.h"
 }
 #include "moe.cuh"
+#include "moe_block.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* Tokens per chunk of one run_block: the workspace is sized for this many at load. */
-#define CU_TOKEN_CAP 256
+#define CU_TOKEN_CAP 1024
+/* Instantiated graphs kept per engine (one per layer, chunk size, block and routing). */
+#define CU_GRAPHS 64
 
 typedef struct cu_layer {
     bool moe;
-    cu_lin router;              /* [E, H] */
-    cu_lin gate, up, down;      /* every routed expert back to back */
-    bool has_shared;
-    cu_lin sh_gate, sh_up, sh_down, sh_gw;
+    cu_block_w w;
 } cu_layer;
+
+typedef struct cu_graph {
+    int64_t layer, M;
+    int block;
+    bool routed;                /* routes imposed by the caller (no router in the graph) */
+    cudaGraphExec_t exec;
+} cu_graph;
 
 typedef struct cu_engine {
     td_engine base;             /* first member: the interface's view */
@@ -53,16 +61,19 @@ typedef struct cu_engine {
     td_st_set *set;
     char prefix[64];
     cu_layer *layers;           /* [num_hidden_layers] */
-    cudaStream_t stream;
+    int nr, rank0;              /* ranks stored for the tensor-core path and the first one */
+    bool mm_act;                /* act_dtype fp16|bf16: tensor-core path where weights allow */
     bool have_stream;
     void **dmem;                /* every device allocation, freed at the end */
     size_t n_dmem, cap_dmem;
-    /* workspace (device) for CU_TOKEN_CAP tokens */
-    float *x, *xa, *logits, *wts, *act, *eout, *sh_act, *sh_out, *sg, *out;
-    int32_t *ids;
-    /* host staging for taps */
+    cu_block_shape shape;       /* the variant, as the block launcher needs it */
+    cu_block_ws ws;             /* workspace (device) for CU_TOKEN_CAP tokens, streams, events */
+    bool have_stream2, have_events;
+    /* host staging for taps (allocated on first use) */
     int32_t *h_ids;
-    float *h_wts;
+    float *h_wts, *h_logits, *h_act, *h_eout, *h_sh;
+    cu_graph graphs[CU_GRAPHS];
+    int n_graphs, next_graph;
 } cu_engine;
 
 /* ==== device memory ========================================================================== */
@@ -166,13 +177,53 @@ static td_status find_linear(cu_engine *c, const char *module, int64_t rows, int
 
 static int64_t elem_bytes(int kind) { return kind == CU_W_F32 ? 4 : 2; }
 
-/* Copy n modules of one shape and kind to the device back to back (prepared FP16 scales for
- * NVFP4). `names` [n] name the modules for errors. */
+/* ==== raw-storage admission ================================================================== */
+
+/* SEED_AUDITS.md §2.6 plus finiteness and range (core/e4m3_recon.h td_recon_eval_code): every
+ * block scale of an NVFP4 tensor kept raw must reproduce the prepared FP16 scale through the
+ * strict and the fast reconstruction, with a finite, positive, normal effective scale. The
+ * verdict depends on (code, global) only, so it is tabulated once per tensor. */
+static td_status admit_raw(const host_lin *h, const char *module, td_err *err)
+{
+    if (h->kind != CU_W_NVFP4) return TD_OK;
+    const td_codec *codec = td_codec_tandem();
+    td_recon_global gl;
+    td_recon_global_init(codec, td_nvfp4_g_dec(h->global, h->conv), &gl);
+    bool ok[256];
+    td_scale_reason why[256];
+    for (int code = 0; code < 256; code++) {
+        td_recon_eval ev;
+        td_recon_eval_code(codec, (uint8_t)code, &gl, &gl, &ev);
+        ok[code] = ev.admit;
+        why[code] = ev.reason;
+    }
+    const int64_t nb = h->cols / TD_NVFP4_BLOCK, n = h->rows * nb;
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!ok[h->s[i]]) {
+            if (first < 0) first = i;
+            bad++;
+        }
+    if (!bad) return TD_OK;
+    const uint8_t code = h->s[first];
+    return td_err_set(err, TD_ERR_RANGE,
+                      "storage=raw refused: %s.weight_scale[%lld, %lld] = 0x%02x (global %.9g) fails the raw-storage "
+                      "admission (reason %s; %lld of %lld block scales of this tensor fail): raw E4M3 storage would not "
+                      "reproduce the prepared FP16 scales bit for bit; use storage=prepared",
+                      module, (long long)(first / nb), (long long)(first % nb), code, (double)h->global,
+                      td_scale_reason_name(why[code]), (long long)bad, (long long)n);
+}
+
+/* ==== CUDA-core path: plain row-major copies ================================================= */
+
+/* Copy n modules of one shape and kind to the device back to back (NVFP4: prepared FP16
+ * scales, or with raw storage the codes and one global per module). `names` [n] name the
+ * modules for errors. */
 static td_status upload(cu_engine *c, const host_lin *h, int64_t n, char (*names)[256], cu_lin *out, td_err *err)
 {
     const int64_t rows = h[0].rows, cols = h[0].cols;
     for (int64_t i = 1; i < n; i++)
-        if (h[i].kind != h[0].kind)
+        if (h[i].kind != h[0].kind || (h[0].kind == CU_W_NVFP4 && h[i].conv != h[0].conv))
             return td_err_set(err, TD_ERR_UNSUPPORTED,
                               "module %s is stored as %s but %s as %s: the cuda engine needs one storage per projection",
                               names[i], h[i].kind == CU_W_NVFP4 ? "NVFP4" : "dense", names[0],
@@ -181,33 +232,58 @@ static td_status upload(cu_engine *c, const host_lin *h, int64_t n, char (*names
     out->kind = h[0].kind;
     out->rows = rows;
     out->cols = cols;
-    void *dw = NULL, *ds = NULL;
+    void *dw = NULL, *ds = NULL, *dg = NULL;
     if (h[0].kind == CU_W_NVFP4) {
+        const bool raw = c->base.variant.storage == TD_STORAGE_RAW;
         out->w_ld = cols / 2;
         out->s_ld = cols / TD_NVFP4_BLOCK;
         out->e_w = rows * out->w_ld;
         out->e_s = rows * out->s_ld;
+        out->raw = raw;
+        out->conv = h[0].conv == TD_NVFP4_CT;
         td_status st = dalloc(c, (size_t)(n * out->e_w), &dw, err);
-        if (!st) st = dalloc(c, (size_t)(n * out->e_s) * sizeof(uint16_t), &ds, err);
+        if (!st) st = dalloc(c, (size_t)(n * out->e_s) * (raw ? 1 : sizeof(uint16_t)), &ds, err);
+        if (!st && raw) st = dalloc(c, (size_t)n * sizeof(float), &dg, err);
         if (st) return st;
         uint16_t *tmp = (uint16_t *)malloc((size_t)out->e_s * sizeof *tmp);
-        if (!tmp) return td_err_set(err, TD_ERR_NOMEM, "engine cuda: out of host memory");
-        for (int64_t i = 0; i < n; i++) {
-            for (int64_t j = 0; j < out->e_s; j++)
-                tmp[j] = td_f32_to_f16(td_nvfp4_block_factor(h[i].s[j], h[i].global, h[i].conv));
+        float *gl = (float *)malloc((size_t)n * sizeof *gl);
+        if (!tmp || !gl) {
+            free(tmp);
+            free(gl);
+            return td_err_set(err, TD_ERR_NOMEM, "engine cuda: out of host memory");
+        }
+        for (int64_t i = 0; i < n && !st; i++) {
+            if (raw) st = admit_raw(&h[i], names[i], err);
+            if (st) break;
+            gl[i] = h[i].global;
             cudaError_t e1 = cudaMemcpy((uint8_t *)dw + i * out->e_w, h[i].w, (size_t)out->e_w, cudaMemcpyHostToDevice);
-            cudaError_t e2 = e1 == cudaSuccess ? cudaMemcpy((uint16_t *)ds + i * out->e_s, tmp,
-                                                            (size_t)out->e_s * sizeof *tmp, cudaMemcpyHostToDevice)
-                                               : e1;
-            if (e2 != cudaSuccess) {
-                free(tmp);
-                return td_err_set(err, TD_ERR_INTERNAL, "engine cuda: copying %s to the device: %s", names[i],
-                                  cudaGetErrorString(e2));
+            if (e1 == cudaSuccess && raw) {
+                e1 = cudaMemcpy((uint8_t *)ds + i * out->e_s, h[i].s, (size_t)out->e_s, cudaMemcpyHostToDevice);
+            } else if (e1 == cudaSuccess) {
+                for (int64_t j = 0; j < out->e_s; j++)
+                    tmp[j] = td_f32_to_f16(td_nvfp4_block_factor(h[i].s[j], h[i].global, h[i].conv));
+                e1 = cudaMemcpy((uint16_t *)ds + i * out->e_s, tmp, (size_t)out->e_s * sizeof *tmp,
+                                cudaMemcpyHostToDevice);
             }
+            if (e1 != cudaSuccess)
+                st = td_err_set(err, TD_ERR_INTERNAL, "engine cuda: copying %s to the device: %s", names[i],
+                                cudaGetErrorString(e1));
+        }
+        if (!st && raw) {
+            cudaError_t e1 = cudaMemcpy(dg, gl, (size_t)n * sizeof *gl, cudaMemcpyHostToDevice);
+            if (e1 != cudaSuccess)
+                st = td_err_set(err, TD_ERR_INTERNAL, "engine cuda: copying globals: %s", cudaGetErrorString(e1));
         }
         free(tmp);
+        free(gl);
+        if (st) return st;
         out->w = (const uint8_t *)dw;
-        out->s = (const __half *)ds;
+        if (raw) {
+            out->sr = (const uint8_t *)ds;
+            out->gl = (const float *)dg;
+        } else {
+            out->s = (const __half *)ds;
+        }
         return TD_OK;
     }
     const int64_t es = elem_bytes(h[0].kind);
@@ -231,42 +307,222 @@ static td_status load_one(cu_engine *c, const char *module, int64_t rows, int64_
     return st;
 }
 
+/* ==== tensor-core path: fragment-ordered packing ============================================== */
+
+static bool mm_kind(int kind) { return kind == CU_W_NVFP4 || kind == CU_W_BF16; }
+
+/* Pack n experts (W13: gate hg and up hu; W2: down hg with hu NULL) for the ranks this engine
+ * stores (c->nr from c->rank0; intermediate slice il per rank) into out. */
+static td_status pack_set(cu_engine *c, const host_lin *hg, const host_lin *hu, int64_t n, int64_t il,
+                          char (*names)[256], char (*unames)[256], cu_qmat *out, td_err *err)
+{
+    const bool w13 = hu != NULL;
+    const int kind = hg[0].kind;
+    const bool raw = kind == CU_W_NVFP4 && c->base.variant.storage == TD_STORAGE_RAW;
+    for (int64_t i = 0; i < n; i++)
+        if (hg[i].kind != kind || (hu && hu[i].kind != kind) ||
+            (kind == CU_W_NVFP4 && (hg[i].conv != hg[0].conv || (hu && hu[i].conv != hg[0].conv))))
+            return td_err_set(err, TD_ERR_UNSUPPORTED,
+                              "module %s is stored differently from %s: the cuda engine needs one storage per block",
+                              names[i], names[0]);
+    const int64_t H = w13 ? hg[0].cols : hg[0].rows;
+    const int64_t rows = w13 ? 16 * ((il + 7) / 8) : H, cols = w13 ? H : il;
+    int64_t R, K, wb, sp, sr;
+    cu_qmat_geometry(kind, rows, cols, &R, &K, &wb, &sp, &sr);
+    const int64_t sb = kind == CU_W_NVFP4 ? (raw ? sr : sp) : 0;
+    const int64_t nm = n * c->nr;
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    out->raw = raw;
+    out->conv = kind == CU_W_NVFP4 && hg[0].conv == TD_NVFP4_CT;
+    out->rows = rows;
+    out->cols = cols;
+    out->R = R;
+    out->K = K;
+    out->mat_w = wb;
+    out->mat_s = sb;
+    void *dw = NULL, *ds = NULL, *dg = NULL;
+    td_status st = dalloc(c, (size_t)(nm * wb), &dw, err);
+    if (!st && sb) st = dalloc(c, (size_t)(nm * sb), &ds, err);
+    if (!st && raw) st = dalloc(c, (size_t)nm * sizeof(float2), &dg, err);
+    if (st) return st;
+    uint8_t *hw = (uint8_t *)malloc((size_t)wb), *hs = (uint8_t *)malloc((size_t)(sb ? sb : 1));
+    const void **rw = (const void **)calloc((size_t)rows, sizeof *rw);
+    const uint8_t **rs = (const uint8_t **)calloc((size_t)rows, sizeof *rs);
+    float *rg = (float *)calloc((size_t)rows, sizeof *rg);
+    float2 *gl = (float2 *)calloc((size_t)nm, sizeof *gl);
+    if (!hw || !hs || !rw || !rs || !rg || !gl) st = td_err_set(err, TD_ERR_NOMEM, "engine cuda: out of host memory");
+    for (int64_t e = 0; e < n && !st; e++) {
+        if (raw) {
+            st = admit_raw(&hg[e], names[e], err);
+            if (!st && hu) st = admit_raw(&hu[e], unames[e], err);
+            if (st) break;
+        }
+        for (int ri = 0; ri < c->nr && !st; ri++) {
+            const int64_t r = c->rank0 + ri, m = e * c->nr + ri;
+            for (int64_t i = 0; i < rows; i++) {
+                const host_lin *src;
+                int64_t row, col0;
+                if (w13) {
+                    const int64_t cc = 8 * (i / 16) + (i % 8);
+                    rw[i] = NULL;
+                    rs[i] = NULL;
+                    if (cc >= il) continue;
+                    src = (i % 16) < 8 ? &hg[e] : &hu[e];
+                    row = r * il + cc;
+                    col0 = 0;
+                } else {
+                    src = &hg[e];
+                    row = i;
+                    col0 = r * il;
+                }
+                if (kind == CU_W_NVFP4) {
+                    rw[i] = src->w + row * (src->cols / 2) + col0 / 2;
+                    rs[i] = src->s + row * (src->cols / TD_NVFP4_BLOCK) + col0 / TD_NVFP4_BLOCK;
+                } else {
+                    rw[i] = (const uint16_t *)src->w + row * src->cols + col0;
+                }
+                rg[i] = src->global;
+            }
+            if (kind == CU_W_NVFP4)
+                cu_pack_nvfp4((const uint8_t *const *)rw, rs, rg, out->conv, raw, rows, cols, hw, hs);
+            else
+                cu_pack_bf16((const uint16_t *const *)rw, rows, cols, hw);
+            gl[m] = w13 ? make_float2(hg[e].global, hu[e].global) : make_float2(hg[e].global, hg[e].global);
+            cudaError_t e1 = cudaMemcpy((uint8_t *)dw + m * wb, hw, (size_t)wb, cudaMemcpyHostToDevice);
+            if (e1 == cudaSuccess && sb) e1 = cudaMemcpy((uint8_t *)ds + m * sb, hs, (size_t)sb, cudaMemcpyHostToDevice);
+            if (e1 != cudaSuccess)
+                st = td_err_set(err, TD_ERR_INTERNAL, "engine cuda: copying %s to the device: %s", names[e],
+                                cudaGetErrorString(e1));
+        }
+    }
+    if (!st && raw) {
+        cudaError_t e1 = cudaMemcpy(dg, gl, (size_t)nm * sizeof *gl, cudaMemcpyHostToDevice);
+        if (e1 != cudaSuccess)
+            st = td_err_set(err, TD_ERR_INTERNAL, "engine cuda: copying globals: %s", cudaGetErrorString(e1));
+    }
+    free(hw);
+    free(hs);
+    free(rw);
+    free(rs);
+    free(rg);
+    free(gl);
+    if (st) return st;
+    out->w = (const uint8_t *)dw;
+    out->s = (const uint8_t *)ds;
+    out->g = (const float2 *)dg;
+    return TD_OK;
+}
+
+/* The router [E, H] and, when there is one, the shared-expert gate [1, H] as row E of one
+ * BF16 matrix on the tensor-core path (act_dtype fp16|bf16 and BF16 weights only). */
+static td_status pack_router(cu_engine *c, int64_t L, cu_block_w *ly, bool shared, td_err *err)
+{
+    const int64_t E = c->cfg.num_experts, H = c->cfg.hidden_size;
+    char mod[256];
+    host_lin r, g;
+    snprintf(mod, sizeof mod, "%slayers.%lld.mlp.gate", c->prefix, (long long)L);
+    td_status st = find_linear(c, mod, E, H, &r, err);
+    if (st || r.kind != CU_W_BF16) return st;
+    if (shared) {
+        snprintf(mod, sizeof mod, "%slayers.%lld.mlp.shared_expert_gate", c->prefix, (long long)L);
+        st = find_linear(c, mod, 1, H, &g, err);
+        if (st || g.kind != CU_W_BF16) return st;
+    }
+    const int64_t rows = E + (shared ? 1 : 0);
+    int64_t R, K, wb, sp, sr;
+    cu_qmat_geometry(CU_W_BF16, rows, H, &R, &K, &wb, &sp, &sr);
+    const uint16_t **rw = (const uint16_t **)calloc((size_t)rows, sizeof *rw);
+    uint8_t *hw = (uint8_t *)malloc((size_t)wb);
+    if (!rw || !hw) {
+        free(rw);
+        free(hw);
+        return td_err_set(err, TD_ERR_NOMEM, "engine cuda: out of host memory");
+    }
+    for (int64_t i = 0; i < E; i++) rw[i] = (const uint16_t *)r.w + i * H;
+    if (shared) rw[E] = (const uint16_t *)g.w;
+    cu_pack_bf16(rw, rows, H, hw);
+    void *dw = NULL;
+    st = dalloc(c, (size_t)wb, &dw, err);
+    if (!st) {
+        cudaError_t ce = cudaMemcpy(dw, hw, (size_t)wb, cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess)
+            st = td_err_set(err, TD_ERR_INTERNAL, "engine cuda: copying the router: %s", cudaGetErrorString(ce));
+    }
+    free(rw);
+    free(hw);
+    if (st) return st;
+    cu_qmat *q = &ly->router_q;
+    memset(q, 0, sizeof *q);
+    q->kind = CU_W_BF16;
+    q->rows = rows;
+    q->cols = H;
+    q->R = R;
+    q->K = K;
+    q->w = (const uint8_t *)dw;
+    q->mat_w = wb;
+    ly->router_mm = true;
+    return TD_OK;
+}
+
+/* ==== layers ================================================================================= */
+
 static td_status load_layer(cu_engine *c, int64_t L, td_err *err)
 {
-    cu_layer *ly = &c->layers[L];
+    cu_block_w *ly = &c->layers[L].w;
     const td_config *cf = &c->cfg;
+    const td_variant *v = &c->base.variant;
     const int64_t E = cf->num_experts, H = cf->hidden_size, I = cf->moe_intermediate_size;
     const int64_t Is = cf->shared_expert_intermediate_size;
-    const int T = c->base.variant.tp_size;
+    const int T = v->tp_size;
     char mod[256];
     snprintf(mod, sizeof mod, "%slayers.%lld.mlp.gate", c->prefix, (long long)L);
     td_status st = load_one(c, mod, E, H, &ly->router, err);
     if (st) return st;
-    host_lin *h = (host_lin *)calloc((size_t)E, sizeof *h);
-    char (*names)[256] = (char (*)[256])calloc((size_t)E, sizeof *names);
+    host_lin *h = (host_lin *)calloc((size_t)(3 * E), sizeof *h);
+    char (*names)[256] = (char (*)[256])calloc((size_t)(3 * E), sizeof *names);
     if (!h || !names) {
         free(h);
         free(names);
         return td_err_set(err, TD_ERR_NOMEM, "engine cuda: out of host memory");
     }
     static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
-    cu_lin *dst[3] = {&ly->gate, &ly->up, &ly->down};
     for (int p = 0; p < 3 && !st; p++) {
         for (int64_t e = 0; e < E && !st; e++) {
-            snprintf(names[e], sizeof names[e], "%slayers.%lld.mlp.experts.%lld.%s", c->prefix, (long long)L,
-                     (long long)e, proj[p]);
+            char *nm = names[p * E + e];
+            snprintf(nm, 256, "%slayers.%lld.mlp.experts.%lld.%s", c->prefix, (long long)L, (long long)e, proj[p]);
             if (p == 0 && e == 0) {
                 td_quant_tensors q;
-                st = td_quant_resolve(&c->quant, names[0], true, &q, err);
+                st = td_quant_resolve(&c->quant, nm, true, &q, err);
                 if (!st && !td_st_set_has(c->set, q.weight))
                     st = td_err_set(err, TD_ERR_UNSUPPORTED,
                                     "tensor %s is not in the checkpoint: the cuda engine reads per-expert tensors "
                                     "only (fused expert tensors are not supported yet)",
                                     q.weight);
             }
-            if (!st) st = find_linear(c, names[e], p < 2 ? I : H, p < 2 ? H : I, &h[e], err);
+            if (!st) st = find_linear(c, nm, p < 2 ? I : H, p < 2 ? H : I, &h[p * E + e], err);
         }
-        if (!st) st = upload(c, h, E, names, dst[p], err);
+    }
+    if (!st && v->storage == TD_STORAGE_RAW && h[0].kind != CU_W_NVFP4)
+        st = td_err_set(err, TD_ERR_UNSUPPORTED,
+                        "storage=raw applies to NVFP4 expert weights; %s is stored dense", names[0]);
+    if (!st && T > 1 && h[2 * E].kind == CU_W_NVFP4 && (I / T) % TD_NVFP4_BLOCK)
+        st = td_err_set(err, TD_ERR_RANGE,
+                        "tp_size %d gives %lld intermediate columns per rank, not a multiple of 16 (NVFP4 blocks of "
+                        "the expert down projections)",
+                        T, (long long)(I / T));
+    ly->mm = c->mm_act && mm_kind(h[0].kind);
+    if (!st && v->moe_dispatch == TD_DISPATCH_GROUPED && !ly->mm)
+        st = td_err_set(err, TD_ERR_UNSUPPORTED,
+                        "moe_dispatch=grouped runs on the tensor-core path only (act_dtype=fp16|bf16 with NVFP4 or "
+                        "BF16 experts); this variant has act_dtype=%s and %s experts",
+                        td_act_dtype_name(v->act_dtype), h[0].kind == CU_W_NVFP4 ? "NVFP4" : "dense");
+    if (!st && ly->mm) {
+        st = pack_set(c, h, h + E, E, I / T, names, names + E, &ly->w13, err);
+        if (!st) st = pack_set(c, h + 2 * E, NULL, E, I / T, names + 2 * E, NULL, &ly->w2, err);
+    } else if (!st) {
+        cu_lin *dst[3] = {&ly->gate, &ly->up, &ly->down};
+        for (int p = 0; p < 3 && !st; p++) st = upload(c, h + p * E, E, names + p * E, dst[p], err);
     }
     free(h);
     free(names);
@@ -274,43 +530,68 @@ static td_status load_layer(cu_engine *c, int64_t L, td_err *err)
     if (Is > 0) {
         snprintf(mod, sizeof mod, "%slayers.%lld.mlp.shared_expert_gate", c->prefix, (long long)L);
         st = load_one(c, mod, 1, H, &ly->sh_gw, err);
+        host_lin sh[3];
+        char snames[3][256];
         static const char *const sproj[3] = {"gate_proj", "up_proj", "down_proj"};
-        cu_lin *sdst[3] = {&ly->sh_gate, &ly->sh_up, &ly->sh_down};
         for (int p = 0; p < 3 && !st; p++) {
-            snprintf(mod, sizeof mod, "%slayers.%lld.mlp.shared_expert.%s", c->prefix, (long long)L, sproj[p]);
-            st = load_one(c, mod, p < 2 ? Is : H, p < 2 ? H : Is, sdst[p], err);
+            snprintf(snames[p], sizeof snames[p], "%slayers.%lld.mlp.shared_expert.%s", c->prefix, (long long)L,
+                     sproj[p]);
+            st = find_linear(c, snames[p], p < 2 ? Is : H, p < 2 ? H : Is, &sh[p], err);
+        }
+        if (!st && T > 1 && sh[2].kind == CU_W_NVFP4 && (Is / T) % TD_NVFP4_BLOCK)
+            st = td_err_set(err, TD_ERR_RANGE,
+                            "tp_size %d gives %lld shared-expert columns per rank, not a multiple of 16 (NVFP4 "
+                            "blocks of shared_expert.down_proj)",
+                            T, (long long)(Is / T));
+        if (st) return st;
+        ly->sh_mm = c->mm_act && mm_kind(sh[0].kind) && sh[1].kind == sh[0].kind && sh[2].kind == sh[0].kind;
+        if (ly->sh_mm) {
+            st = pack_set(c, &sh[0], &sh[1], 1, Is / T, snames, snames + 1, &ly->sh13, err);
+            if (!st) st = pack_set(c, &sh[2], NULL, 1, Is / T, snames + 2, NULL, &ly->sh2, err);
+        } else {
+            cu_lin *sdst[3] = {&ly->sh_gate, &ly->sh_up, &ly->sh_down};
+            for (int p = 0; p < 3 && !st; p++) st = upload(c, &sh[p], 1, snames + p, sdst[p], err);
         }
         if (st) return st;
         ly->has_shared = true;
     }
-    if (T > 1) {
-        if (ly->down.kind == CU_W_NVFP4 && (I / T) % TD_NVFP4_BLOCK)
-            return td_err_set(err, TD_ERR_RANGE,
-                              "tp_size %d gives %lld intermediate columns per rank, not a multiple of 16 (NVFP4 "
-                              "blocks of the expert down projections)",
-                              T, (long long)(I / T));
-        if (ly->has_shared && ly->sh_down.kind == CU_W_NVFP4 && (Is / T) % TD_NVFP4_BLOCK)
-            return td_err_set(err, TD_ERR_RANGE,
-                              "tp_size %d gives %lld shared-expert columns per rank, not a multiple of 16 (NVFP4 "
-                              "blocks of shared_expert.down_proj)",
-                              T, (long long)(Is / T));
+    if (c->mm_act) {
+        st = pack_router(c, L, ly, ly->has_shared, err);
+        if (st) return st;
     }
-    ly->moe = true;
+    c->layers[L].moe = true;
     return TD_OK;
 }
 
 /* ==== interface ============================================================================== */
 
+static void drop_graphs(cu_engine *c)
+{
+    for (int i = 0; i < c->n_graphs; i++) cudaGraphExecDestroy(c->graphs[i].exec);
+    c->n_graphs = 0;
+    c->next_graph = 0;
+}
+
 static void cu_free(td_engine *base)
 {
     cu_engine *c = (cu_engine *)base;
     if (!c) return;
+    drop_graphs(c);
     for (size_t i = 0; i < c->n_dmem; i++) cudaFree(c->dmem[i]);
     free(c->dmem);
-    if (c->have_stream) cudaStreamDestroy(c->stream);
+    if (c->have_stream) cudaStreamDestroy(c->ws.s);
+    if (c->have_stream2) cudaStreamDestroy(c->ws.s2);
+    if (c->have_events) {
+        cudaEventDestroy(c->ws.ev_fork);
+        cudaEventDestroy(c->ws.ev_join);
+    }
     free(c->layers);
     free(c->h_ids);
     free(c->h_wts);
+    free(c->h_logits);
+    free(c->h_act);
+    free(c->h_eout);
+    free(c->h_sh);
     td_st_set_close(c->set);
     td_quant_free(&c->quant);
     free(c);
@@ -319,21 +600,29 @@ static void cu_free(td_engine *base)
 static td_status alloc_ws(cu_engine *c, td_err *err)
 {
     const td_config *cf = &c->cfg;
+    cu_block_ws *w = &c->ws;
     const size_t C = CU_TOKEN_CAP, H = (size_t)cf->hidden_size, E = (size_t)cf->num_experts;
     const size_t k = (size_t)cf->num_experts_per_tok, T = (size_t)c->base.variant.tp_size;
     const size_t il = (size_t)cf->moe_intermediate_size / T;
     const size_t isl = (size_t)cf->shared_expert_intermediate_size / T;
-    const size_t f = sizeof(float);
+    const size_t f = sizeof(float), i4 = sizeof(int32_t);
+    const size_t G = (size_t)cu_mm_group_bound((int64_t)(C * k), (int64_t)E);
+    w->lg_ld = (int64_t)E + 1;
     struct {
         void **p;
         size_t bytes;
     } b[] = {
-        {(void **)&c->x, C * H * f},          {(void **)&c->xa, C * H * f},
-        {(void **)&c->logits, C * E * f},     {(void **)&c->wts, C * k * f},
-        {(void **)&c->ids, C * k * sizeof(int32_t)},
-        {(void **)&c->act, C * k * il * f},   {(void **)&c->eout, C * k * H * f},
-        {(void **)&c->sh_act, C * (isl ? isl : 1) * f}, {(void **)&c->sh_out, C * H * f},
-        {(void **)&c->sg, C * f},             {(void **)&c->out, C * H * f},
+        {(void **)&w->x, C * H * f},          {(void **)&w->xa, C * H * f},
+        {(void **)&w->logits, C * (E + 1) * f}, {(void **)&w->wts, C * k * f},
+        {(void **)&w->ids, C * k * i4},
+        {(void **)&w->act, C * k * il * f},   {(void **)&w->eout, C * k * H * f},
+        {(void **)&w->sh_act, C * (isl ? isl : 1) * f}, {(void **)&w->sh_out, C * H * f},
+        {(void **)&w->out, C * H * f},
+        {(void **)&w->xa16, C * H * 2},       {(void **)&w->act16, C * k * il * 2},
+        {(void **)&w->sh_act16, C * (isl ? isl : 1) * 2},
+        {(void **)&w->n_groups, i4},          {(void **)&w->g_mat, G * i4},
+        {(void **)&w->g_start, G * i4},       {(void **)&w->g_count, G * i4},
+        {(void **)&w->perm, C * k * i4},
     };
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
         td_status st = dalloc(c, b[i].bytes, b[i].p, err);
@@ -341,23 +630,12 @@ static td_status alloc_ws(cu_engine *c, td_err *err)
         /* NaN everywhere: a value read before it is written shows up in the output. */
         TD_CU_TRY(err, cudaMemset(*b[i].p, 0xff, b[i].bytes));
     }
-    c->h_ids = (int32_t *)malloc(C * k * sizeof(int32_t));
-    c->h_wts = (float *)malloc(C * k * f);
-    if (!c->h_ids || !c->h_wts) return td_err_set(err, TD_ERR_NOMEM, "engine cuda: out of host memory");
     return TD_OK;
 }
 
 static td_status cu_load(const char *checkpoint, const td_variant *v, td_engine **out, td_err *err)
 {
     *out = NULL;
-    if (v->storage != TD_STORAGE_PREPARED)
-        return td_err_set(err, TD_ERR_UNSUPPORTED,
-                          "engine cuda: storage=raw is not implemented yet (only storage=prepared); refusing "
-                          "rather than running prepared scales under its name");
-    if (v->moe_dispatch != TD_DISPATCH_DIRECT)
-        return td_err_set(err, TD_ERR_UNSUPPORTED, "engine cuda: moe_dispatch=grouped is not implemented yet "
-                                                   "(only moe_dispatch=direct)");
-    if (v->graphs) return td_err_set(err, TD_ERR_UNSUPPORTED, "engine cuda: graphs=on is not implemented yet");
     int ndev = 0;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
     if (ce != cudaSuccess || ndev < 1)
@@ -367,7 +645,11 @@ static td_status cu_load(const char *checkpoint, const td_variant *v, td_engine 
     if (!c) return td_err_set(err, TD_ERR_NOMEM, "engine cuda: out of memory");
     snprintf(c->dir, sizeof c->dir, "%s", checkpoint);
     c->base.variant = *v;
-    td_status st = td_config_load(checkpoint, &c->cfg, err);
+    c->mm_act = v->act_dtype == TD_ACT_FP16 || v->act_dtype == TD_ACT_BF16;
+    c->nr = v->tp_rank == TD_TP_RANK_ALL ? v->tp_size : 1;
+    c->rank0 = v->tp_rank == TD_TP_RANK_ALL ? 0 : v->tp_rank;
+    td_status st = cu_mm_init(err);
+    if (!st) st = td_config_load(checkpoint, &c->cfg, err);
     if (!st) st = td_quant_load(checkpoint, &c->quant, err);
     if (!st) st = td_st_set_open(checkpoint, &c->set, err);
     if (st) goto fail;
@@ -392,18 +674,43 @@ static td_status cu_load(const char *checkpoint, const td_variant *v, td_engine 
                             (long long)cf->shared_expert_intermediate_size, checkpoint);
             goto fail;
         }
+        cu_block_shape *bs = &c->shape;
+        bs->H = cf->hidden_size;
+        bs->E = cf->num_experts;
+        bs->k = cf->num_experts_per_tok;
+        bs->I = cf->moe_intermediate_size;
+        bs->Is = cf->shared_expert_intermediate_size;
+        bs->renorm = cf->norm_topk_prob;
+        bs->act = (int)v->act_dtype;
+        bs->tp_size = v->tp_size;
+        bs->tp_rank = v->tp_rank == TD_TP_RANK_ALL ? -1 : v->tp_rank;
+        bs->rank0 = c->rank0;
+        bs->nr = c->nr;
+        bs->grouped = v->moe_dispatch == TD_DISPATCH_GROUPED;
         c->layers = (cu_layer *)calloc((size_t)(cf->num_hidden_layers > 0 ? cf->num_hidden_layers : 1),
                                        sizeof *c->layers);
         if (!c->layers) {
             st = td_err_set(err, TD_ERR_NOMEM, "engine cuda: out of memory");
             goto fail;
         }
-        ce = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+        ce = cudaStreamCreateWithFlags(&c->ws.s, cudaStreamNonBlocking);
         if (ce != cudaSuccess) {
             st = td_err_set(err, TD_ERR_INTERNAL, "engine cuda: cudaStreamCreateWithFlags: %s", cudaGetErrorString(ce));
             goto fail;
         }
         c->have_stream = true;
+        ce = cudaStreamCreateWithFlags(&c->ws.s2, cudaStreamNonBlocking);
+        if (ce == cudaSuccess) c->have_stream2 = true;
+        if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&c->ws.ev_fork, cudaEventDisableTiming);
+        if (ce == cudaSuccess) {
+            ce = cudaEventCreateWithFlags(&c->ws.ev_join, cudaEventDisableTiming);
+            if (ce == cudaSuccess) c->have_events = true;
+            else cudaEventDestroy(c->ws.ev_fork);
+        }
+        if (ce != cudaSuccess) {
+            st = td_err_set(err, TD_ERR_INTERNAL, "engine cuda: creating the second stream: %s", cudaGetErrorString(ce));
+            goto fail;
+        }
         if (cf->num_experts > 0) {
             for (int64_t L = 0; L < cf->num_hidden_layers; L++) {
                 if (!td_config_layer_is_moe(cf, L) || !td_config_layer_present(cf, L)) continue;
@@ -424,61 +731,137 @@ fail:
     return st;
 }
 
-/* One chunk of at most CU_TOKEN_CAP tokens, enqueued on the engine's stream. */
+/* The chunk's device work: the block itself lives in moe_block.cu (shared with the bench). */
+static td_status enqueue_chunk(cu_engine *c, const cu_layer *ly, td_block block, bool routed, int64_t Mc,
+                               td_err *err)
+{
+    return cu_moe_block(&c->shape, &ly->w, &c->ws, block == TD_BLOCK_ROUTER ? CU_BLOCK_ROUTER : CU_BLOCK_MOE, routed,
+                        Mc, err);
+}
+
+/* Run enqueue_chunk directly, or through a cached graph with graphs=on. */
+static td_status run_work(cu_engine *c, int64_t L, const cu_layer *ly, td_block block, bool routed, int64_t Mc,
+                          td_err *err)
+{
+    if (!c->base.variant.graphs) return enqueue_chunk(c, ly, block, routed, Mc, err);
+    for (int i = 0; i < c->n_graphs; i++) {
+        const cu_graph *g = &c->graphs[i];
+        if (g->layer == L && g->M == Mc && g->block == (int)block && g->routed == routed) {
+            TD_CU_TRY(err, cudaGraphLaunch(g->exec, c->ws.s));
+            return TD_OK;
+        }
+    }
+    cudaGraph_t graph = NULL;
+    TD_CU_TRY(err, cudaStreamBeginCapture(c->ws.s, cudaStreamCaptureModeThreadLocal));
+    td_status st = enqueue_chunk(c, ly, block, routed, Mc, err);
+    cudaError_t ce = cudaStreamEndCapture(c->ws.s, &graph);
+    if (st) {
+        if (graph) cudaGraphDestroy(graph);
+        return st;
+    }
+    if (ce != cudaSuccess)
+        return td_err_set(err, TD_ERR_INTERNAL, "engine cuda: capturing a graph: %s", cudaGetErrorString(ce));
+    cudaGraphExec_t exec = NULL;
+    ce = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (ce != cudaSuccess)
+        return td_err_set(err, TD_ERR_INTERNAL, "engine cuda: instantiating a graph: %s", cudaGetErrorString(ce));
+    int slot;
+    if (c->n_graphs < CU_GRAPHS) {
+        slot = c->n_graphs++;
+    } else {
+        slot = c->next_graph;
+        c->next_graph = (c->next_graph + 1) % CU_GRAPHS;
+        cudaGraphExecDestroy(c->graphs[slot].exec);
+    }
+    cu_graph *g = &c->graphs[slot];
+    g->layer = L;
+    g->M = Mc;
+    g->block = (int)block;
+    g->routed = routed;
+    g->exec = exec;
+    TD_CU_TRY(err, cudaGraphLaunch(exec, c->ws.s));
+    return TD_OK;
+}
+
+static bool wants(const cu_engine *c, int64_t L, const char *suffix)
+{
+    if (!c->base.taps) return false;
+    char name[TD_TAP_NAME_MAX];
+    td_tap_name(name, sizeof name, L, suffix);
+    return td_taps_wants(c->base.taps, name);
+}
+
+static td_status host_buf(void **p, size_t bytes, td_err *err)
+{
+    if (*p) return TD_OK;
+    *p = malloc(bytes ? bytes : 1);
+    if (!*p) return td_err_set(err, TD_ERR_NOMEM, "engine cuda: out of host memory for taps");
+    return TD_OK;
+}
+
+/* One chunk of at most CU_TOKEN_CAP tokens: copy in, run, copy out (and the taps' data when
+ * the whole call is one chunk). */
 static td_status run_chunk(cu_engine *c, const cu_layer *ly, const td_block_call *call, int64_t t0, int64_t Mc,
                            td_err *err)
 {
     const td_config *cf = &c->cfg;
-    const td_variant *v = &c->base.variant;
     const int64_t H = cf->hidden_size, E = cf->num_experts, k = cf->num_experts_per_tok;
-    const int T = v->tp_size, act = (int)v->act_dtype;
-    const int64_t il = cf->moe_intermediate_size / T, isl = cf->shared_expert_intermediate_size / T;
-    cudaStream_t s = c->stream;
-    TD_CU_TRY(err, cudaMemcpyAsync(c->x, call->input + t0 * H, (size_t)(Mc * H) * sizeof(float),
+    const int64_t L = call->layer;
+    cudaStream_t s = c->ws.s;
+    TD_CU_TRY(err, cudaMemcpyAsync(c->ws.x, call->input + t0 * H, (size_t)(Mc * H) * sizeof(float),
                                    cudaMemcpyHostToDevice, s));
-    td_status st = cu_moe_round(c->x, c->xa, Mc * H, act, s, err);
+    const bool routed = call->block == TD_BLOCK_MOE && call->route_ids;
+    if (routed) {
+        TD_CU_TRY(err, cudaMemcpyAsync(c->ws.ids, call->route_ids + t0 * k, (size_t)(Mc * k) * sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, s));
+        TD_CU_TRY(err, cudaMemcpyAsync(c->ws.wts, call->route_weights + t0 * k, (size_t)(Mc * k) * sizeof(float),
+                                       cudaMemcpyHostToDevice, s));
+    }
+    td_status st = run_work(c, L, ly, call->block, routed, Mc, err);
     if (st) return st;
     if (call->block == TD_BLOCK_ROUTER) {
-        st = cu_moe_linear(ly->router, 0, E, c->xa, H, Mc, c->logits, E, s, err);
-        if (st) return st;
-        TD_CU_TRY(err, cudaMemcpyAsync(call->output + t0 * E, c->logits, (size_t)(Mc * E) * sizeof(float),
-                                       cudaMemcpyDeviceToHost, s));
+        TD_CU_TRY(err, cudaMemcpy2DAsync(call->output + t0 * E, (size_t)E * sizeof(float), c->ws.logits,
+                                         (size_t)c->ws.lg_ld * sizeof(float), (size_t)E * sizeof(float), (size_t)Mc,
+                                         cudaMemcpyDeviceToHost, s));
         return TD_OK;
     }
-    if (call->route_ids) {
-        TD_CU_TRY(err, cudaMemcpyAsync(c->ids, call->route_ids + t0 * k, (size_t)(Mc * k) * sizeof(int32_t),
-                                       cudaMemcpyHostToDevice, s));
-        TD_CU_TRY(err, cudaMemcpyAsync(c->wts, call->route_weights + t0 * k, (size_t)(Mc * k) * sizeof(float),
-                                       cudaMemcpyHostToDevice, s));
-    } else {
-        st = cu_moe_linear(ly->router, 0, E, c->xa, H, Mc, c->logits, E, s, err);
-        if (!st) st = cu_moe_route(c->logits, Mc, E, k, cf->norm_topk_prob, c->ids, c->wts, s, err);
-        if (st) return st;
-    }
-    if (ly->has_shared) {
-        st = cu_moe_linear(ly->sh_gw, 0, 1, c->xa, H, Mc, c->sg, 1, s, err);
-        if (st) return st;
-    }
-    const bool all = v->tp_rank == TD_TP_RANK_ALL;
-    const int r0 = all ? 0 : v->tp_rank, r1 = all ? T : v->tp_rank + 1;
-    for (int r = r0; r < r1 && !st; r++) {
-        st = cu_moe_w13(ly->gate, ly->up, r * il, il, c->ids, k, Mc * k, c->xa, H, act, c->act, s, err);
-        if (!st) st = cu_moe_w2(ly->down, r * il, il, c->ids, Mc * k, c->act, H, act, c->eout, s, err);
-        if (!st && ly->has_shared) {
-            st = cu_moe_w13(ly->sh_gate, ly->sh_up, r * isl, isl, NULL, 1, Mc, c->xa, H, act, c->sh_act, s, err);
-            if (!st) st = cu_moe_w2(ly->sh_down, r * isl, isl, NULL, Mc, c->sh_act, H, act, c->sh_out, s, err);
-        }
-        if (!st)
-            st = cu_moe_combine(c->wts, c->eout, k, ly->has_shared ? c->sg : NULL, c->sh_out, Mc, H, act,
-                                r == r0 ? 0 : 1, c->out, s, err);
-    }
-    if (!st && all) st = cu_moe_round(c->out, c->out, Mc * H, act, s, err);
-    if (st) return st;
-    TD_CU_TRY(err, cudaMemcpyAsync(call->output + t0 * H, c->out, (size_t)(Mc * H) * sizeof(float),
+    TD_CU_TRY(err, cudaMemcpyAsync(call->output + t0 * H, c->ws.out, (size_t)(Mc * H) * sizeof(float),
                                    cudaMemcpyDeviceToHost, s));
-    if (c->base.taps && call->n_tokens <= CU_TOKEN_CAP) {
-        TD_CU_TRY(err, cudaMemcpyAsync(c->h_ids, c->ids, (size_t)(Mc * k) * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
-        TD_CU_TRY(err, cudaMemcpyAsync(c->h_wts, c->wts, (size_t)(Mc * k) * sizeof(float), cudaMemcpyDeviceToHost, s));
+    if (!c->base.taps || call->n_tokens > CU_TOKEN_CAP) return TD_OK;
+    const size_t C = CU_TOKEN_CAP, T = (size_t)c->base.variant.tp_size;
+    const size_t il = (size_t)cf->moe_intermediate_size / T;
+    st = host_buf((void **)&c->h_ids, C * k * sizeof(int32_t), err);
+    if (!st) st = host_buf((void **)&c->h_wts, C * k * sizeof(float), err);
+    if (st) return st;
+    TD_CU_TRY(err, cudaMemcpyAsync(c->h_ids, c->ws.ids, (size_t)(Mc * k) * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    TD_CU_TRY(err, cudaMemcpyAsync(c->h_wts, c->ws.wts, (size_t)(Mc * k) * sizeof(float), cudaMemcpyDeviceToHost, s));
+    if (!routed && wants(c, L, "moe.router_logits")) {
+        st = host_buf((void **)&c->h_logits, C * (size_t)E * sizeof(float), err);
+        if (st) return st;
+        TD_CU_TRY(err, cudaMemcpy2DAsync(c->h_logits, (size_t)E * sizeof(float), c->ws.logits,
+                                         (size_t)c->ws.lg_ld * sizeof(float), (size_t)E * sizeof(float), (size_t)Mc,
+                                         cudaMemcpyDeviceToHost, s));
+    }
+    if (c->base.variant.tp_rank != TD_TP_RANK_ALL) {
+        if (wants(c, L, "moe.expert_act")) {
+            st = host_buf((void **)&c->h_act, C * k * il * sizeof(float), err);
+            if (st) return st;
+            TD_CU_TRY(err, cudaMemcpyAsync(c->h_act, c->ws.act, (size_t)Mc * k * il * sizeof(float),
+                                           cudaMemcpyDeviceToHost, s));
+        }
+        if (wants(c, L, "moe.expert_out")) {
+            st = host_buf((void **)&c->h_eout, C * k * (size_t)H * sizeof(float), err);
+            if (st) return st;
+            TD_CU_TRY(err, cudaMemcpyAsync(c->h_eout, c->ws.eout, (size_t)(Mc * k * H) * sizeof(float),
+                                           cudaMemcpyDeviceToHost, s));
+        }
+        if (ly->w.has_shared && wants(c, L, "moe.shared_out")) {
+            st = host_buf((void **)&c->h_sh, C * (size_t)H * sizeof(float), err);
+            if (st) return st;
+            TD_CU_TRY(err, cudaMemcpyAsync(c->h_sh, c->ws.sh_out, (size_t)(Mc * H) * sizeof(float),
+                                           cudaMemcpyDeviceToHost, s));
+        }
     }
     return TD_OK;
 }
@@ -508,28 +891,41 @@ static td_status cu_run_block(td_engine *base, const td_block_call *call, td_err
         const int64_t Mc = M - t0 < CU_TOKEN_CAP ? M - t0 : CU_TOKEN_CAP;
         td_status st = run_chunk(c, ly, call, t0, Mc, err);
         if (st) {
-            cudaStreamSynchronize(c->stream);
+            cudaStreamSynchronize(c->ws.s);
             return td_err_prefix(err, "engine cuda: layer %lld: ", (long long)L);
         }
     }
-    TD_CU_TRY(err, cudaStreamSynchronize(c->stream));
-    if (base->taps) {
-        td_status st = TD_OK;
-        const int64_t H = c->cfg.hidden_size;
-        if (call->block == TD_BLOCK_ROUTER) {
-            const int64_t sh[2] = {M, E};
-            return td_engine_put_tap(base, L, "moe.router_logits", TD_F32, 2, sh, call->output, err);
-        }
-        if (M <= CU_TOKEN_CAP) {
-            const int64_t sk[2] = {M, k};
-            st = td_engine_put_tap(base, L, "moe.topk", TD_I32, 2, sk, c->h_ids, err);
-            if (!st) st = td_engine_put_tap(base, L, "moe.topk_weights", TD_F32, 2, sk, c->h_wts, err);
-        }
-        const int64_t sh[2] = {M, H};
-        if (!st) st = td_engine_put_tap(base, L, "moe.out", TD_F32, 2, sh, call->output, err);
-        return st;
+    TD_CU_TRY(err, cudaStreamSynchronize(c->ws.s));
+    if (!base->taps) return TD_OK;
+    const int64_t H = c->cfg.hidden_size;
+    if (call->block == TD_BLOCK_ROUTER) {
+        const int64_t sh[2] = {M, E};
+        return td_engine_put_tap(base, L, "moe.router_logits", TD_F32, 2, sh, call->output, err);
     }
-    return TD_OK;
+    td_status st = TD_OK;
+    if (M <= CU_TOKEN_CAP) {
+        const bool routed = call->route_ids != NULL;
+        const int64_t sk[2] = {M, k};
+        if (!routed && c->h_logits && wants(c, L, "moe.router_logits")) {
+            const int64_t sl[2] = {M, E};
+            st = td_engine_put_tap(base, L, "moe.router_logits", TD_F32, 2, sl, c->h_logits, err);
+        }
+        if (!st) st = td_engine_put_tap(base, L, "moe.topk", TD_I32, 2, sk, c->h_ids, err);
+        if (!st) st = td_engine_put_tap(base, L, "moe.topk_weights", TD_F32, 2, sk, c->h_wts, err);
+        if (!st && c->base.variant.tp_rank != TD_TP_RANK_ALL) {
+            const int64_t il = c->cfg.moe_intermediate_size / c->base.variant.tp_size;
+            const int64_t sa[3] = {M, k, il}, so[3] = {M, k, H}, ss[2] = {M, H};
+            if (c->h_act && wants(c, L, "moe.expert_act"))
+                st = td_engine_put_tap(base, L, "moe.expert_act", TD_F32, 3, sa, c->h_act, err);
+            if (!st && c->h_eout && wants(c, L, "moe.expert_out"))
+                st = td_engine_put_tap(base, L, "moe.expert_out", TD_F32, 3, so, c->h_eout, err);
+            if (!st && ly->w.has_shared && c->h_sh && wants(c, L, "moe.shared_out"))
+                st = td_engine_put_tap(base, L, "moe.shared_out", TD_F32, 2, ss, c->h_sh, err);
+        }
+    }
+    const int64_t sh[2] = {M, H};
+    if (!st) st = td_engine_put_tap(base, L, "moe.out", TD_F32, 2, sh, call->output, err);
+    return st;
 }
 
 static td_status cu_prefill(td_engine *e, int64_t seq, const int32_t *tokens, int64_t n, float *logits, td_err *err)

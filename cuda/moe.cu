@@ -26,12 +26,12 @@ __device__ __forceinline__ float round_act(float v, int act)
 }
 
 /* Decode the 16-element block of row `wrow` starting at column c (nv <= 16 valid elements). */
-__device__ __forceinline__ void decode_block(const cu_lin &W, const uint8_t *wrow, const __half *srow, int64_t c,
-                                             int nv, float wv[16])
+__device__ __forceinline__ void decode_block(const cu_lin &W, int64_t e, const uint8_t *wrow, const __half *srow,
+                                             const uint8_t *rrow, int64_t c, int nv, float wv[16])
 {
     if (W.kind == CU_W_NVFP4) {
         const uint2 p = *reinterpret_cast<const uint2 *>(wrow + c / 2);
-        const float eff = __half2float(srow[c / 16]);
+        const float eff = W.raw ? cu_raw_eff(rrow[c / 16], W.gl[e], W.conv) : __half2float(srow[c / 16]);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const unsigned b = ((j < 4 ? p.x : p.y) >> (8 * (j & 3))) & 0xffu;
@@ -66,12 +66,14 @@ __device__ void warp_dot(const cu_lin &W, int64_t e, int64_t row, int64_t c0, in
 #pragma unroll
     for (int t = 0; t < MT; t++) acc[t] = 0.0f;
     const uint8_t *wrow = W.w + e * W.e_w + row * W.w_ld;
-    const __half *srow = W.kind == CU_W_NVFP4 ? W.s + e * W.e_s + row * W.s_ld : nullptr;
+    const bool q4 = W.kind == CU_W_NVFP4;
+    const __half *srow = q4 && !W.raw ? W.s + e * W.e_s + row * W.s_ld : nullptr;
+    const uint8_t *rrow = q4 && W.raw ? W.sr + e * W.e_s + row * W.s_ld : nullptr;
     const int64_t nb = (n + 15) / 16;
     for (int64_t b = lane; b < nb; b += 32) {
         const int nv = n - 16 * b < 16 ? (int)(n - 16 * b) : 16;
         float wv[16];
-        decode_block(W, wrow, srow, c0 + 16 * b, nv, wv);
+        decode_block(W, e, wrow, srow, rrow, c0 + 16 * b, nv, wv);
 #pragma unroll
         for (int t = 0; t < MT; t++) {
             if (t >= nt) break;
@@ -102,6 +104,15 @@ __global__ void k_round(const float *x, float *xa, int64_t n, int act)
     if (i < n) xa[i] = round_act(x[i], act);
 }
 
+__global__ void k_round16(const float *x, float *xa, uint16_t *x16, int64_t n, int act)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float v = round_act(x[i], act);
+    xa[i] = v;
+    x16[i] = act == 1 ? __half_as_ushort(__float2half_rn(v)) : __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
 __global__ void k_linear(cu_lin W, int64_t r0, int64_t nrows, const float *x, int64_t x_ld, int64_t M, float *y,
                          int64_t y_ld)
 {
@@ -117,48 +128,106 @@ __global__ void k_linear(cu_lin W, int64_t r0, int64_t nrows, const float *x, in
     }
 }
 
-__global__ void k_route(const float *logits, int64_t E, int64_t k, bool renorm, int32_t *ids, float *weights)
+#define ROUTE_THREADS 256
+#define ROUTE_WARPS (ROUTE_THREADS / 32)
+
+/* Block-wide arg-best in the order of ranks_before; every thread gets the winner. */
+__device__ __forceinline__ void block_best(float &bv, int64_t &bi, float *sv, int64_t *si)
 {
-    extern __shared__ float p[]; /* [E] */
-    const int lane = threadIdx.x;
-    const int64_t t = blockIdx.x;
-    const float *l = logits + t * E;
-    __shared__ float m_s, s_s;
-    if (lane == 0) {
-        float m = l[0];
-        for (int64_t i = 1; i < E; i++)
-            if (l[i] > m || isnan(m)) m = l[i];
-        m_s = m;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int off = 16; off >= 1; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+        const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        if (oi >= 0 && (bi < 0 || ranks_before(ov, oi, bv, bi))) bv = ov, bi = oi;
     }
-    __syncwarp();
-    const float m = m_s;
-    for (int64_t i = lane; i < E; i += 32) p[i] = (float)exp((double)__fsub_rn(l[i], m));
-    __syncwarp();
-    if (lane == 0) {
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    bv = sv[0];
+    bi = si[0];
+    for (int w = 1; w < ROUTE_WARPS; w++)
+        if (si[w] >= 0 && (bi < 0 || ranks_before(sv[w], si[w], bv, bi))) bv = sv[w], bi = si[w];
+    __syncthreads();
+}
+
+/* One block per token: the max and the exponentials in parallel, their sum on one thread in
+ * ascending expert order (the reference's order), then k rounds of a block-wide arg-best over
+ * the experts not taken yet, in the total order of ranks_before (so the selection equals the
+ * reference's insertion). */
+__global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, int64_t ld, int64_t E, int64_t k,
+                                                         bool renorm, int32_t *ids, float *weights)
+{
+    extern __shared__ float p[]; /* [E] probabilities, then E taken flags */
+    unsigned char *taken = reinterpret_cast<unsigned char *>(p + E);
+    __shared__ float sv[ROUTE_WARPS];
+    __shared__ int64_t si[ROUTE_WARPS];
+    __shared__ float m_s, s_s;
+    const int tid = threadIdx.x;
+    const int64_t t = blockIdx.x;
+    const float *l = logits + t * ld;
+    /* max: the reference's scan (m = l[0]; m = l[i] when l[i] > m or m is NaN) equals the
+     * plain maximum when no logit is NaN; with a NaN anywhere thread 0 runs the scan itself. */
+    float m = -INFINITY;
+    int nan = 0;
+    for (int64_t i = tid; i < E; i += ROUTE_THREADS) {
+        const float v = l[i];
+        if (isnan(v)) nan = 1;
+        else m = fmaxf(m, v);
+        taken[i] = 0;
+    }
+    nan = __syncthreads_or(nan);
+    float bm = m;
+    {
+        for (int off = 16; off >= 1; off >>= 1) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, off));
+        if ((tid & 31) == 0) sv[tid >> 5] = bm;
+        __syncthreads();
+        if (tid == 0) {
+            float mm = sv[0];
+            for (int w = 1; w < ROUTE_WARPS; w++) mm = fmaxf(mm, sv[w]);
+            if (nan) {
+                mm = l[0];
+                for (int64_t i = 1; i < E; i++)
+                    if (l[i] > mm || isnan(mm)) mm = l[i];
+            }
+            m_s = mm;
+        }
+        __syncthreads();
+    }
+    m = m_s;
+    for (int64_t i = tid; i < E; i += ROUTE_THREADS) p[i] = (float)exp((double)__fsub_rn(l[i], m));
+    __syncthreads();
+    if (tid == 0) {
         float s = 0.0f;
-        for (int64_t i = 0; i < E; i++) s = __fadd_rn(s, p[i]);
+        int64_t i = 0;
+        for (; i + 8 <= E; i += 8) {
+            float q[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) q[j] = p[i + j];
+#pragma unroll
+            for (int j = 0; j < 8; j++) s = __fadd_rn(s, q[j]);
+        }
+        for (; i < E; i++) s = __fadd_rn(s, p[i]);
         s_s = s;
     }
-    __syncwarp();
+    __syncthreads();
     const float s = s_s;
-    for (int64_t i = lane; i < E; i += 32) p[i] = __fdiv_rn(p[i], s);
-    __syncwarp();
-    if (lane != 0) return;
+    for (int64_t i = tid; i < E; i += ROUTE_THREADS) p[i] = __fdiv_rn(p[i], s);
+    __syncthreads();
     int32_t *id = ids + t * k;
     float *val = weights + t * k;
-    int64_t have = 0;
-    for (int64_t i = 0; i < E; i++) {
-        if (have == k && !ranks_before(p[i], i, val[k - 1], id[k - 1])) continue;
-        int64_t pos = have < k ? have++ : k - 1;
-        while (pos > 0 && ranks_before(p[i], i, val[pos - 1], id[pos - 1])) {
-            val[pos] = val[pos - 1];
-            id[pos] = id[pos - 1];
-            pos--;
+    for (int64_t j = 0; j < k; j++) {
+        float bv = NAN;
+        int64_t bi = -1;
+        for (int64_t i = tid; i < E; i += ROUTE_THREADS)
+            if (!taken[i] && (bi < 0 || ranks_before(p[i], i, bv, bi))) bv = p[i], bi = i;
+        block_best(bv, bi, sv, si);
+        if (tid == 0) {
+            id[j] = (int32_t)bi;
+            val[j] = bv;
+            taken[bi] = 1;
         }
-        val[pos] = p[i];
-        id[pos] = (int32_t)i;
+        __syncthreads();
     }
-    if (!renorm) return;
+    if (tid != 0 || !renorm) return;
     float sk = 0.0f;
     for (int64_t j = 0; j < k; j++) sk = __fadd_rn(sk, val[j]);
     for (int64_t j = 0; j < k; j++) val[j] = __fdiv_rn(val[j], sk);
@@ -196,17 +265,18 @@ __global__ void k_w2(cu_lin down, int64_t c0, int64_t il, const int32_t *ids, co
     if (lane == 0) y[s * H + h] = round_act(acc[0], act);
 }
 
-__global__ void k_combine(const float *weights, const float *eout, int64_t k, const float *sgdot,
+__global__ void k_combine(const float *weights, const float *eout, int64_t k, const float *sgdot, int64_t sg_ld,
                           const float *sh_out, int64_t M, int64_t H, int act, int mode, float *out)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= M * H) return;
     const int64_t t = i / H, h = i % H;
     float acc = 0.0f;
+#pragma unroll 8
     for (int64_t j = 0; j < k; j++)
-        acc = __fadd_rn(acc, __fmul_rn(weights[t * k + j], eout[(t * k + j) * H + h]));
+        acc = __fadd_rn(acc, __fmul_rn(__ldg(weights + t * k + j), __ldg(eout + (t * k + j) * H + h)));
     if (sgdot) {
-        const float sg = (float)(1.0 / (1.0 + exp(-(double)sgdot[t])));
+        const float sg = (float)(1.0 / (1.0 + exp(-(double)sgdot[t * sg_ld])));
         acc = __fadd_rn(acc, __fmul_rn(sg, sh_out[t * H + h]));
     }
     const float v = round_act(acc, act);
@@ -225,6 +295,15 @@ td_status cu_moe_round(const float *x, float *xa, int64_t n, int act, cudaStream
     return TD_OK;
 }
 
+td_status cu_moe_round16(const float *x, float *xa, uint16_t *x16, int64_t n, int act, cudaStream_t s, td_err *err)
+{
+    if (n <= 0) return TD_OK;
+    if (act != 1 && act != 2) return td_err_set(err, TD_ERR_ARG, "cuda moe: 16-bit copy of a non-16-bit act dtype");
+    k_round16<<<blocks_for(n, 256), 256, 0, s>>>(x, xa, x16, n, act);
+    TD_CU_LAUNCHED(err, "k_round16");
+    return TD_OK;
+}
+
 td_status cu_moe_linear(cu_lin W, int64_t r0, int64_t nrows, const float *x, int64_t x_ld, int64_t M,
                         float *y, int64_t y_ld, cudaStream_t s, td_err *err)
 {
@@ -234,14 +313,15 @@ td_status cu_moe_linear(cu_lin W, int64_t r0, int64_t nrows, const float *x, int
     return TD_OK;
 }
 
-td_status cu_moe_route(const float *logits, int64_t M, int64_t E, int64_t k, bool renorm, int32_t *ids,
+td_status cu_moe_route(const float *logits, int64_t ld, int64_t M, int64_t E, int64_t k, bool renorm, int32_t *ids,
                        float *weights, cudaStream_t s, td_err *err)
 {
     if (M <= 0) return TD_OK;
     if (E < 1 || k < 1 || k > E || E > 12288)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: routing %lld experts top-%lld is outside the kernel's range",
                           (long long)E, (long long)k);
-    k_route<<<(unsigned)M, 32, (size_t)E * sizeof(float), s>>>(logits, E, k, renorm, ids, weights);
+    k_route<<<(unsigned)M, ROUTE_THREADS, (size_t)E * (sizeof(float) + 1), s>>>(logits, ld, E, k, renorm, ids,
+                                                                              weights);
     TD_CU_LAUNCHED(err, "k_route");
     return TD_OK;
 }
@@ -269,12 +349,12 @@ td_status cu_moe_w2(cu_lin down, int64_t c0, int64_t il, const int32_t *ids, int
     return TD_OK;
 }
 
-td_status cu_moe_combine(const float *weights, const float *eout, int64_t k, const float *sgdot,
+td_status cu_moe_combine(const float *weights, const float *eout, int64_t k, const float *sgdot, int64_t sg_ld,
                          const float *sh_out, int64_t M, int64_t H, int act, int mode, float *out,
                          cudaStream_t s, td_err *err)
 {
     if (M <= 0) return TD_OK;
-    k_combine<<<blocks_for(M * H, 256), 256, 0, s>>>(weights, eout, k, sgdot, sh_out, M, H, act, mode, out);
+    k_combine<<<blocks_for(M * H, 256), 256, 0, s>>>(weights, eout, k, sgdot, sg_ld, sh_out, M, H, act, mode, out);
     TD_CU_LAUNCHED(err, "k_combine");
     return TD_OK;
 }

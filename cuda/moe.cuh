@@ -10,10 +10,14 @@
  *   contraction). The 32 lane sums are then added by a xor butterfly (offsets 16, 8, 4, 2,
  *   1); addition is commutative, so every lane ends with the same bits.
  *   NVFP4 weights: w = fl32(e2m1(code) * eff), eff the prepared FP16 effective scale.
- * - Routing (cu_moe_route): one warp per token. The max, the sum of exponentials and the
- *   top-k insertion run on lane 0 in ascending expert order, exactly as the reference
- *   (ref/moe.h steps 2-4: e_i = fl32(exp(l_i - m)) with exp in double; ties to the lower
- *   index; NaN last; renormalization in slot order).
+ * - Routing (cu_moe_route): one block per token, the reference's arithmetic (ref/moe.h steps
+ *   2-4): the max (a block maximum, which equals the reference's scan unless a logit is NaN,
+ *   in which case one thread runs the scan), e_i = fl32(exp(l_i - m)) with exp in double,
+ *   their sum on one thread in ascending expert order, p_i = e_i / sum, then k rounds of a
+ *   block-wide arg-best in
+ *   the order "larger first, NaN last, lower index on ties" (the reference's top-k), and the
+ *   renormalization in slot order (exp is the device's double-precision exp, so a probability
+ *   can differ from the reference's in the last bit in rare cases).
  * - SwiGLU: h = fl32(silu(g) * u), silu in double rounded once, then rounded to act_dtype.
  * - Combine (cu_moe_combine): one thread per (token, column): sum over slots j = 0..k-1 in
  *   order of fl32(w_j * y_j), then + fl32(sg * y_s), from +0, rounded to act_dtype; with
@@ -32,14 +36,17 @@
 
 /* x [n] -> xa [n] rounded to act. */
 td_status cu_moe_round(const float *x, float *xa, int64_t n, int act, cudaStream_t s, td_err *err);
+/* The same, plus x16 [n]: the rounded values as FP16 (act 1) or BF16 (act 2) bit patterns. */
+td_status cu_moe_round16(const float *x, float *xa, uint16_t *x16, int64_t n, int act, cudaStream_t s, td_err *err);
 
 /* y[t*y_ld + (r - r0)] = W[r] . x[t*x_ld ...] for rows r in [r0, r0 + nrows) of expert 0 and
  * tokens t < M (unrounded dot products: router logits, shared-expert gate). */
 td_status cu_moe_linear(cu_lin W, int64_t r0, int64_t nrows, const float *x, int64_t x_ld, int64_t M,
                         float *y, int64_t y_ld, cudaStream_t s, td_err *err);
 
-/* logits [M, E] -> ids [M, k], weights [M, k] (softmax, top-k, optional renormalization). */
-td_status cu_moe_route(const float *logits, int64_t M, int64_t E, int64_t k, bool renorm, int32_t *ids,
+/* logits [M, ld] (first E columns) -> ids [M, k], weights [M, k] (softmax, top-k, optional
+ * renormalization). */
+td_status cu_moe_route(const float *logits, int64_t ld, int64_t M, int64_t E, int64_t k, bool renorm, int32_t *ids,
                        float *weights, cudaStream_t s, td_err *err);
 
 /* For every slot s < nslots (token s / k, expert ids[s], or expert 0 when ids is NULL):
@@ -52,9 +59,10 @@ td_status cu_moe_w13(cu_lin gate, cu_lin up, int64_t r0, int64_t il, const int32
 td_status cu_moe_w2(cu_lin down, int64_t c0, int64_t il, const int32_t *ids, int64_t nslots, const float *a,
                     int64_t H, int act, float *y, cudaStream_t s, td_err *err);
 
-/* out[t*H + h] (mode 0: =, mode 1: += in rank order) of the combine above; sgdot [M] holds the
- * shared-gate dot products (NULL when there is no shared expert, then sh_out is unused). */
-td_status cu_moe_combine(const float *weights, const float *eout, int64_t k, const float *sgdot,
+/* out[t*H + h] (mode 0: =, mode 1: += in rank order) of the combine above; sgdot[t * sg_ld]
+ * holds the shared-gate dot product of token t (NULL when there is no shared expert, then
+ * sh_out is unused). */
+td_status cu_moe_combine(const float *weights, const float *eout, int64_t k, const float *sgdot, int64_t sg_ld,
                          const float *sh_out, int64_t M, int64_t H, int act, int mode, float *out,
                          cudaStream_t s, td_err *err);
 

@@ -2,7 +2,7 @@
 // intrinsics, exhaustively where the input space allows.
 //
 // Build and run on a machine with nvcc and a GPU, from the repository root (no other tandem
-// dependency: core/formats.c, core/error.c and audit/e4m3_recon.c use only libc and are
+// dependency: core/formats.c, core/error.c and core/e4m3_recon.c use only libc and are
 // compiled into this program as C++):
 //
 //   nvcc -O3 -std=c++17 -arch=native --fmad=false -Xcompiler -ffp-contract=off \
@@ -50,7 +50,7 @@
 extern "C" {
 #include "../core/error.c"
 #include "../core/formats.c"
-#include "../audit/e4m3_recon.c"
+#include "../core/e4m3_recon.c"
 }
 #undef _Static_assert
 

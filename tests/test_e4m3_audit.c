@@ -1,5 +1,5 @@
 /* test_e4m3_audit.c — Part 1 of `tandem audit e4m3` (audit/e4m3.c) and the scale
- * reconstruction arithmetic (audit/e4m3_recon.c).
+ * reconstruction arithmetic (core/e4m3_recon.c).
  *
  * The self-audit must pass on tandem's codec, and every planted codec bug (ties away from zero,
  * a wrong subnormal decode, flushed subnormals, a dropped NaN sign, a non-saturating SATFINITE,

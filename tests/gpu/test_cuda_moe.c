@@ -17,8 +17,16 @@
  *   identical.
  * - every output element is written (outputs poisoned with NaN before each run), guard
  *   canaries on both sides of the output stay untouched, repeated calls give identical bits;
- * - a bad imposed route id fails with TD_ERR_RANGE before anything is written;
- * - storage=raw, moe_dispatch=grouped and graphs=on are refused with TD_ERR_UNSUPPORTED.
+ * - a bad imposed route id (one, or all of them) fails with TD_ERR_RANGE before anything is
+ *   written;
+ * - exact pairs (memcmp of the outputs): storage=prepared vs raw (fp32, fp16, bf16), direct vs
+ *   grouped dispatch (fp16, bf16, raw, TP), graphs=off vs on over a sequence of calls with
+ *   changed inputs, changed sizes and changed routes between replays;
+ * - a sweep of M = 1..17, 32, 784 with route patterns arange, mod 10, mod 17, one expert,
+ *   reversed, random and the router's own, and activation scales 0.001, 0.1, 1, 3 (fp16
+ *   tensor-core path against ref:scale=fp16,act_dtype=fp16, grouped == direct bit for bit);
+ * - raw storage refused at load (TD_ERR_RANGE, naming tensor, element, code and reason) when
+ *   one block scale is NaN or negative; grouped dispatch refused with act_dtype=fp32.
  * Without a CUDA device every test skips with a message.
  */
 #include "test_common.h"
@@ -108,17 +116,30 @@ static void routes(int p, int64_t M, int64_t k, int64_t E, int32_t *ids, float *
             case 0: id = (t * k + j) % E; break;            /* arange */
             case 1: id = ((t * k + j) % 10) % E; break;     /* mod 10 */
             case 2: id = 0; break;                          /* all one expert */
-            default: id = (E - 1 - (t + j) % E + E) % E;    /* reversed */
+            case 3: id = (E - 1 - (t + j) % E + E) % E; break; /* reversed */
+            case 4: id = ((t * k + j) % 17) % E; break;     /* mod 17 */
+            default: {                                      /* random, distinct per token */
+                uint64_t h = (uint64_t)(t * 1000003 + j * 7919 + 12345) * 0x9E3779B97F4A7C15ull;
+                id = (int64_t)((h >> 33) % (uint64_t)E);
+                for (int64_t i = 0; i < j; i++)
+                    if (ids[t * k + i] == id) { id = (id + 1) % E; i = -1; }
+            }
             }
             ids[t * k + j] = (int32_t)id;
             w[t * k + j] = (float)(j + 1) / (float)(k * (k + 1) / 2);
         }
 }
 
+static const char *pattern_name(int p)
+{
+    static const char *const n[] = {"arange", "mod10", "one", "rev", "mod17", "random"};
+    return p < 0 ? "router" : p < 6 ? n[p] : "?";
+}
+
 /* Run `ref` and `cuda` on layer L for M seeded tokens (natural routes, or pattern p >= 0) and
  * check the bound, the poison, the canaries and repeat determinism of cuda. */
-static void compare(const char *dir, const char *rv, const char *cv, double bound, int64_t L, int64_t M, int p,
-                    const char *tag)
+static void compare_s(const char *dir, const char *rv, const char *cv, double bound, int64_t L, int64_t M, int p,
+                      float xs, const char *tag)
 {
     td_engine *er = load(dir, rv), *ec = load(dir, cv);
     const td_engine_model *mi = td_engine_model_info(ec);
@@ -130,7 +151,7 @@ static void compare(const char *dir, const char *rv, const char *cv, double boun
     assert_true(x && ids && w);
     td_rng rng;
     td_rng_seed(&rng, (uint64_t)(1000 + L * 31 + M));
-    for (size_t i = 0; i < n; i++) x[i] = 0.5f * td_rng_normal_f32(&rng);
+    for (size_t i = 0; i < n; i++) x[i] = xs * td_rng_normal_f32(&rng);
     if (p >= 0) routes(p, M, k, E, ids, w);
     td_taps *tr = NULL, *tc = NULL;
     td_err err;
@@ -161,9 +182,8 @@ static void compare(const char *dir, const char *rv, const char *cv, double boun
             fail_msg("%s %s vs %s M=%lld: top-k ids differ", tag, rv, cv, (long long)M);
     }
     const double r = rel_l2(got + GUARD, want + GUARD, n);
-    print_message("  %-10s L%lld M=%-3lld %-6s %-40s vs %-32s rel_l2 %.3e (bound %.0e)\n", tag, (long long)L,
-                  (long long)M, p < 0 ? "router" : p == 0 ? "arange" : p == 1 ? "mod10" : p == 2 ? "one" : "rev", rv,
-                  cv, r, bound);
+    print_message("  %-10s L%lld M=%-3lld %-6s x%-5g %-40s vs %-32s rel_l2 %.3e (bound %.0e)\n", tag, (long long)L,
+                  (long long)M, pattern_name(p), (double)xs, rv, cv, r, bound);
     if (!(r <= bound)) fail_msg("%s %s vs %s M=%lld: rel_l2 %.3e above %.0e", tag, rv, cv, (long long)M, r, bound);
     td_engine_free(er);
     td_engine_free(ec);
@@ -177,6 +197,66 @@ static void compare(const char *dir, const char *rv, const char *cv, double boun
     free(w);
 }
 
+static void compare(const char *dir, const char *rv, const char *cv, double bound, int64_t L, int64_t M, int p,
+                    const char *tag)
+{
+    compare_s(dir, rv, cv, bound, L, M, p, 0.5f, tag);
+}
+
+/* Outputs of variants a and b on the same calls must be identical bits. The calls: for each
+ * (M, pattern, seed) of `seq` in order, on engines kept loaded (so graphs are replayed with
+ * new inputs and routes). */
+typedef struct exact_call {
+    int64_t M;
+    int p;
+    uint64_t seed;
+} exact_call;
+
+static void exact_seq(const char *dir, const char *va, const char *vb, int64_t L, const exact_call *seq, size_t n_seq,
+                      const char *tag)
+{
+    td_engine *ea = load(dir, va), *eb = load(dir, vb);
+    const td_engine_model *mi = td_engine_model_info(ea);
+    const int64_t H = mi->hidden, k = mi->top_k, E = mi->num_experts;
+    for (size_t si = 0; si < n_seq; si++) {
+        const int64_t M = seq[si].M;
+        const size_t n = (size_t)(M * H);
+        float *x = malloc(n * sizeof *x), *oa = guarded(n), *ob = guarded(n);
+        int32_t *ids = malloc((size_t)(M * k) * sizeof *ids);
+        float *w = malloc((size_t)(M * k) * sizeof *w);
+        assert_true(x && ids && w);
+        td_rng rng;
+        td_rng_seed(&rng, seq[si].seed);
+        for (size_t i = 0; i < n; i++) x[i] = 0.5f * td_rng_normal_f32(&rng);
+        const int p = seq[si].p;
+        if (p >= 0) routes(p, M, k, E, ids, w);
+        td_block_call ca = {L, TD_BLOCK_MOE, M, x, oa + GUARD, p >= 0 ? ids : NULL, p >= 0 ? w : NULL};
+        td_block_call cb = ca;
+        cb.output = ob + GUARD;
+        td_err err;
+        if (td_engine_run_block(ea, &ca, &err)) fail_msg("%s: %s", va, err.msg);
+        if (td_engine_run_block(eb, &cb, &err)) fail_msg("%s: %s", vb, err.msg);
+        check_guards(oa, n, va);
+        check_guards(ob, n, vb);
+        size_t diff = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!isfinite(oa[GUARD + i])) fail_msg("%s %s M=%lld: output %zu not finite", tag, va, (long long)M, i);
+            diff += memcmp(&oa[GUARD + i], &ob[GUARD + i], sizeof(float)) != 0;
+        }
+        if (diff)
+            fail_msg("%s %s vs %s M=%lld %s: %zu of %zu outputs differ (expected identical bits)", tag, va, vb,
+                     (long long)M, pattern_name(p), diff, n);
+        free(x);
+        free(oa);
+        free(ob);
+        free(ids);
+        free(w);
+    }
+    print_message("  %-10s L%lld %-46s == %-46s %zu calls identical\n", tag, (long long)L, va, vb, n_seq);
+    td_engine_free(ea);
+    td_engine_free(eb);
+}
+
 static const pair_case pairs[] = {
     {"ref:scale=fp16", "cuda:act_dtype=fp32", 1e-5},
     {"ref:scale=fp16,act_dtype=fp16", "cuda:act_dtype=fp16", 4e-3},
@@ -184,6 +264,31 @@ static const pair_case pairs[] = {
     {"ref", "cuda", 2e-3},
     {"ref:scale=fp16,tp_size=2,tp_rank=1", "cuda:act_dtype=fp32,tp_size=2,tp_rank=1", 1e-5},
     {"ref:scale=fp16,act_dtype=fp16,tp_size=4,tp_rank=all", "cuda:act_dtype=fp16,tp_size=4,tp_rank=all", 4e-3},
+};
+
+static const exact_call seq_default[] = {
+    {1, -1, 1}, {4, -1, 2}, {4, 5, 3}, {16, -1, 4}, {4, -1, 5}, {16, 2, 6},
+    {300, -1, 7}, {1, -1, 8}, {1, 0, 9}, {1030, -1, 10}, {4, 3, 11},
+};
+
+/* Variant pairs that must agree bit for bit. `nvfp4`: only for NVFP4 experts (raw storage). */
+typedef struct exact_pair {
+    const char *a, *b;
+    bool nvfp4;
+} exact_pair;
+
+static const exact_pair exact_pairs[] = {
+    {"cuda:act_dtype=fp32", "cuda:act_dtype=fp32,storage=raw", true},
+    {"cuda:act_dtype=fp16", "cuda:act_dtype=fp16,storage=raw", true},
+    {"cuda:act_dtype=bf16", "cuda:act_dtype=bf16,storage=raw", true},
+    {"cuda:act_dtype=fp16", "cuda:act_dtype=fp16,moe_dispatch=grouped", false},
+    {"cuda:act_dtype=bf16", "cuda:act_dtype=bf16,moe_dispatch=grouped", false},
+    {"cuda:act_dtype=fp16,storage=raw", "cuda:act_dtype=fp16,storage=raw,moe_dispatch=grouped", true},
+    {"cuda:act_dtype=fp16,tp_size=2,tp_rank=all", "cuda:act_dtype=fp16,tp_size=2,tp_rank=all,moe_dispatch=grouped",
+     false},
+    {"cuda:act_dtype=fp16", "cuda:act_dtype=fp16,graphs=on", false},
+    {"cuda:act_dtype=bf16,moe_dispatch=grouped", "cuda:act_dtype=bf16,moe_dispatch=grouped,graphs=on", false},
+    {"cuda:act_dtype=fp32", "cuda:act_dtype=fp32,graphs=on", false},
 };
 
 static void run_fixture(const char *name, const mf_opts *o)
@@ -198,8 +303,108 @@ static void run_fixture(const char *name, const mf_opts *o)
     for (size_t pi = 0; pi < TD_ARRAY_LEN(pairs); pi++)
         for (size_t mi = 0; mi < TD_ARRAY_LEN(Ms); mi++)
             for (int64_t L = 0; L < o->layers; L++) compare(dir, pairs[pi].ref, pairs[pi].cuda, pairs[pi].bound, L, Ms[mi], -1, name);
-    for (int p = 0; p < 4; p++) compare(dir, pairs[1].ref, pairs[1].cuda, pairs[1].bound, 0, 16, p, name);
+    for (int p = 0; p < 6; p++) compare(dir, pairs[1].ref, pairs[1].cuda, pairs[1].bound, 0, 16, p, name);
+    for (size_t i = 0; i < TD_ARRAY_LEN(exact_pairs); i++) {
+        if (exact_pairs[i].nvfp4 && o->fmt == MF_BF16) continue;
+        exact_seq(dir, exact_pairs[i].a, exact_pairs[i].b, o->layers - 1, seq_default, TD_ARRAY_LEN(seq_default), name);
+    }
     mf_free(&m);
+}
+
+/* Every M in 1..17, 32 and 784, every route pattern and activation scales 0.001 .. 3 on the
+ * fp16 tensor-core path; then the same calls direct vs grouped, bit for bit. */
+static void cuda_sweep(void **state)
+{
+    (void)state;
+    mf_opts o;
+    mf_defaults(&o);
+    o.seed = 25;
+    o.hidden = 512;
+    o.experts = 64;
+    o.top_k = 8;
+    o.inter = 128;
+    o.shared_inter = 256;
+    o.layers = 1;
+    mf_model m;
+    const char *dir = fixture("gpu_sweep", &o, &m);
+    if (no_gpu(dir)) {
+        mf_free(&m);
+        skip();
+    }
+    const char *rv = "ref:scale=fp16,act_dtype=fp16", *cv = "cuda:act_dtype=fp16,moe_dispatch=grouped";
+    exact_call seq[64];
+    size_t n = 0;
+    for (int64_t M = 1; M <= 17; M++) {
+        compare(dir, rv, cv, 4e-3, 0, M, M % 2 ? -1 : 5, "sweep");
+        seq[n++] = (exact_call){M, M % 2 ? -1 : 5, (uint64_t)(100 + M)};
+    }
+    compare(dir, rv, cv, 4e-3, 0, 32, 5, "sweep");
+    compare(dir, rv, cv, 4e-3, 0, 784, -1, "sweep");
+    compare(dir, rv, cv, 4e-3, 0, 784, 5, "sweep");
+    seq[n++] = (exact_call){32, 5, 132};
+    seq[n++] = (exact_call){784, -1, 784};
+    seq[n++] = (exact_call){784, 5, 785};
+    for (int p = 0; p < 6; p++) {
+        compare(dir, rv, cv, 4e-3, 0, 5, p, "pattern");
+        compare(dir, rv, cv, 4e-3, 0, 16, p, "pattern");
+        seq[n++] = (exact_call){5, p, (uint64_t)(200 + p)};
+        seq[n++] = (exact_call){16, p, (uint64_t)(300 + p)};
+    }
+    /* At x ~ 0.001 most FP16 intermediates (SwiGLU products ~1e-6) are FP16 subnormals, whose
+     * spacing 2^-24 is a large fraction of their value: one accumulation-order step moves them
+     * by a relative 1e-2 or more, so the bound there is wider. */
+    static const float scales[] = {0.001f, 0.1f, 1.0f, 3.0f};
+    static const double sbound[] = {3e-2, 4e-3, 4e-3, 4e-3};
+    for (size_t i = 0; i < TD_ARRAY_LEN(scales); i++) {
+        compare_s(dir, rv, cv, sbound[i], 0, 8, -1, scales[i], "scale");
+        compare_s(dir, rv, cv, sbound[i], 0, 8, 5, scales[i], "scale");
+    }
+    exact_seq(dir, "cuda:act_dtype=fp16", cv, 0, seq, n, "sweep");
+    exact_seq(dir, "cuda:act_dtype=bf16", "cuda:act_dtype=bf16,moe_dispatch=grouped,graphs=on", 0, seq, n, "sweep");
+    mf_free(&m);
+}
+
+/* Raw storage must be refused at load, naming the tensor, element, code and reason, when a
+ * block scale cannot be kept raw bit-exactly; prepared storage still loads. */
+static void cuda_raw_admission(void **state)
+{
+    (void)state;
+    static const struct {
+        uint8_t code;
+        const char *reason;
+    } bad[] = {{0x7F, "nan_code"}, {0xB8, "negative_code"}, {0x00, "zero_code"}, {0x03, "subnormal_code"}};
+    for (size_t i = 0; i < TD_ARRAY_LEN(bad); i++) {
+        mf_opts o;
+        mf_defaults(&o);
+        o.seed = 26;
+        mf_model m;
+        mf_build(&o, &m);
+        m.layers[0].up[2].scales[5] = bad[i].code;
+        const char *dir = td_test_path("gpu_rawbad");
+        mf_write(&m, dir);
+        if (no_gpu(dir)) {
+            mf_free(&m);
+            skip();
+        }
+        static const char *const vs[] = {"cuda:storage=raw", "cuda:storage=raw,act_dtype=fp16"};
+        for (size_t j = 0; j < TD_ARRAY_LEN(vs); j++) {
+            td_variant v;
+            td_err err;
+            td_engine *e = NULL;
+            assert_int_equal(td_variant_parse(vs[j], &v, &err), TD_OK);
+            assert_int_equal(td_engine_load(dir, &v, &e, &err), TD_ERR_RANGE);
+            assert_null(e);
+            print_message("  %s refused: %s\n", vs[j], err.msg);
+            assert_non_null(strstr(err.msg, "experts.2.up_proj"));
+            assert_non_null(strstr(err.msg, bad[i].reason));
+            char at[32];
+            snprintf(at, sizeof at, "[%lld, %lld]", (long long)(5 / (o.hidden / 16)), (long long)(5 % (o.hidden / 16)));
+            assert_non_null(strstr(err.msg, at));
+        }
+        td_engine *e = load(dir, "cuda:act_dtype=fp16");
+        td_engine_free(e);
+        mf_free(&m);
+    }
 }
 
 static void cuda_vs_ref_modelopt(void **state)
@@ -265,7 +470,7 @@ static void cuda_rejects(void **state)
         mf_free(&m);
         skip();
     }
-    static const char *const refused[] = {"cuda:storage=raw", "cuda:moe_dispatch=grouped", "cuda:graphs=on"};
+    static const char *const refused[] = {"cuda:moe_dispatch=grouped", "cuda:act_dtype=fp32,moe_dispatch=grouped"};
     for (size_t i = 0; i < TD_ARRAY_LEN(refused); i++) {
         td_variant v;
         td_err err;
@@ -289,7 +494,11 @@ static void cuda_rejects(void **state)
     check_guards(out, (size_t)(M * H), "rejected call");
     ids[7] = -1;
     assert_int_equal(td_engine_run_block(e, &c, &err), TD_ERR_RANGE);
-    ids[7] = 7;
+    for (int i = 0; i < 9; i++) ids[i] = 1000 + i; /* all invalid */
+    assert_int_equal(td_engine_run_block(e, &c, &err), TD_ERR_RANGE);
+    assert_non_null(strstr(err.msg, "token 0 slot 0"));
+    for (int i = 0; i < M * H; i++) assert_true(isnan(out[GUARD + i]));
+    for (int i = 0; i < 9; i++) ids[i] = i < 8 ? i : 7;
     assert_int_equal(td_engine_run_block(e, &c, &err), TD_OK);
     for (int i = 0; i < M * H; i++) assert_true(isfinite(out[GUARD + i]));
     check_guards(out, (size_t)(M * H), "imposed routes");
@@ -307,6 +516,8 @@ int main(void)
         cmocka_unit_test(cuda_vs_ref_ct_bf16_shared),
         cmocka_unit_test(cuda_vs_ref_bf16_experts),
         cmocka_unit_test(cuda_vs_ref_wide),
+        cmocka_unit_test(cuda_raw_admission),
+        cmocka_unit_test(cuda_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,724 @@
+/* moe_decode.cu — time of the CUDA engine's MoE block at the production shape, against the
+ * byte floor and a cuBLAS BF16 baseline measured in the same run (docs/perf.md).
+ *
+ * usage: moe_decode [--hidden 2560] [--experts 512] [--inter 640] [--topk 10] [--shared 640]
+ *                   [--tp 1] [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]
+ *                   [--M 1,2,4,8,16,784] [--iters 200] [--sets 16] [--seed 1]
+ *                   [--cublas LIB] [--no-cublas] [--db PATH] [--json]
+ *
+ * Weights are synthetic (seeded hash of the index; E4M3 codes 0x38..0x5f, globals 2^-7) in the
+ * engine's device layout for one TP rank: every expert's W13 and W2 NVFP4 matrices, a BF16
+ * router [E, H], a BF16 shared expert and its gate. The kernels are the engine's own
+ * launchers (cuda/moe.cuh, cuda/moe_mma.cuh). Routes are imposed: `--sets` random route sets
+ * (distinct experts per token) rotate between calls, so consecutive calls touch different
+ * experts and the 50 MB L2 cannot hold the weights of the next call.
+ *
+ * Per M, one CUDA graph per route set is captured and the graphs are replayed in rotation;
+ * each call is bracketed by events and the median over `--iters` calls is reported:
+ *   block   round, router GEMV, routing, [grouping,] shared gate, W13+SwiGLU, W2, shared
+ *           expert, combine: the whole MoE block (the router's routes are computed and
+ *           discarded so that the imposed ones drive the experts)
+ *   routed  [grouping,] W13+SwiGLU, W2 only
+ *   cublas  the same block with the weights dequantized to BF16 and cuBLAS (GemmEx for the
+ *           router and the shared expert, GemmBatchedEx over the slots for the routed
+ *           experts, pointer arrays prepared per route set) plus the engine's routing and
+ *           combine kernels and a SwiGLU kernel
+ * Byte floors: bytes the call must read at least (routed: the distinct experts of the call's
+ * routes x this storage's W13+W2 bytes incl. scales, plus the input and output activations;
+ * block: plus the router and the shared expert) over the copy bandwidth measured here
+ * (cudaMemcpy device to device of 1 GiB, read + write bytes over time, median of 10).
+ */
+extern "C" {
+#include "db.h"
+#include "td.h"
+}
+#include "moe_block.cuh"
+
+#include <cublas_v2.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+#include <algorithm>
+
+#define CK(x)                                                                                     \
+    do {                                                                                          \
+        cudaError_t e_ = (x);                                                                     \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "moe_decode: %s:%d: %s: %s\n", __FILE__, __LINE__, #x,                \
+                    cudaGetErrorString(e_));                                                      \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+static void die_td(const char *what, const td_err *e)
+{
+    fprintf(stderr, "moe_decode: %s: %s\n", what, e ? e->msg : "");
+    exit(1);
+}
+#define TRYE(call, er)                                                                            \
+    do {                                                                                          \
+        if ((call) != TD_OK) die_td(#call, &(er));                                                \
+    } while (0)
+
+/* ---- synthetic data ------------------------------------------------------------------------- */
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+__global__ void k_fill_bytes(uint8_t *p, size_t n, uint64_t seed, int lo, int span)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint64_t h = mix64(seed ^ (i * 0x632BE59BD9B4E019ull));
+        p[i] = span ? (uint8_t)(lo + (int)(h % (uint64_t)span)) : (uint8_t)h;
+    }
+}
+
+/* FP16 effective scales from codes 0x38..0x5f and global g. */
+__global__ void k_fill_eff(uint16_t *p, size_t n, uint64_t seed, float g)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint64_t h = mix64(seed ^ (i * 0x632BE59BD9B4E019ull));
+        const float v = cu_raw_eff(0x38u + (uint32_t)(h % 40u), g, 0);
+        p[i] = __half_as_ushort(__float2half_rn(v));
+    }
+}
+
+/* BF16 values uniform in [-a, a]. */
+__global__ void k_fill_bf16(uint16_t *p, size_t n, uint64_t seed, float a)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint64_t h = mix64(seed ^ (i * 0x632BE59BD9B4E019ull));
+        const float u = (float)(h >> 40) / (float)(1ull << 24) * 2.0f - 1.0f;
+        p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(a * u));
+    }
+}
+
+__global__ void k_fill_f32(float *p, size_t n, uint64_t seed, float a)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint64_t h = mix64(seed ^ (i * 0x632BE59BD9B4E019ull));
+        p[i] = a * ((float)(h >> 40) / (float)(1ull << 24) * 2.0f - 1.0f);
+    }
+}
+
+/* NVFP4 -> BF16 dequantization of the baseline's weights, row-major [rows, cols] per matrix,
+ * from the synthetic generator's values (same distribution, not the same layout). */
+__global__ void k_dequant_like(uint16_t *out, size_t n, uint64_t seed)
+{
+    static const float e2m1[16] = {0, .5f, 1, 1.5f, 2, 3, 4, 6, -0.f, -.5f, -1, -1.5f, -2, -3, -4, -6};
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint64_t h = mix64(seed ^ (i * 0x632BE59BD9B4E019ull));
+        const float v = e2m1[h & 15] * cu_raw_eff(0x38u + (uint32_t)((h >> 8) % 40u), 1.0f / 128.0f, 0);
+        out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    }
+}
+
+__global__ void k_to_bf16(const float *x, uint16_t *y, int64_t n)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+}
+
+/* h [slots, 2*il] (gate | up, FP32) -> a [slots, il] BF16 */
+__global__ void k_swiglu_bf16(const float *h, uint16_t *a, int64_t slots, int64_t il)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= slots * il) return;
+    const int64_t s = i / il, c = i % il;
+    const float g = h[s * 2 * il + c], u = h[s * 2 * il + il + c];
+    a[i] = __bfloat16_as_ushort(__float2bfloat16_rn(g / (1.0f + __expf(-g)) * u));
+}
+
+static void fill_bytes(void *p, size_t n, uint64_t seed, int lo, int span)
+{
+    k_fill_bytes<<<1024, 256>>>((uint8_t *)p, n, seed, lo, span);
+    CK(cudaGetLastError());
+}
+
+/* ---- cuBLAS through dlopen -------------------------------------------------------------------- */
+
+typedef struct blas {
+    void *lib;
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
+    decltype(&cublasSetStream_v2) set_stream;
+    cublasStatus_t (*gemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
+                           const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
+                           cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+    cublasStatus_t (*gemm_batched)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                   const void *, const void *const *, cudaDataType, int, const void *const *,
+                                   cudaDataType, int, const void *, void *const *, cudaDataType, int, int,
+                                   cublasComputeType_t, cublasGemmAlgo_t);
+    cublasHandle_t h;
+} blas;
+
+static bool blas_open(blas *b, const char *path, cudaStream_t s)
+{
+    memset(b, 0, sizeof *b);
+    const char *cands[] = {path, "libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+    for (size_t i = 0; i < 4 && !b->lib; i++)
+        if (cands[i]) b->lib = dlopen(cands[i], RTLD_NOW | RTLD_LOCAL);
+    if (!b->lib) return false;
+    b->create = (decltype(b->create))dlsym(b->lib, "cublasCreate_v2");
+    b->destroy = (decltype(b->destroy))dlsym(b->lib, "cublasDestroy_v2");
+    b->set_stream = (decltype(b->set_stream))dlsym(b->lib, "cublasSetStream_v2");
+    b->gemm = (decltype(b->gemm))dlsym(b->lib, "cublasGemmEx");
+    b->gemm_batched = (decltype(b->gemm_batched))dlsym(b->lib, "cublasGemmBatchedEx");
+    if (!b->create || !b->destroy || !b->set_stream || !b->gemm || !b->gemm_batched) return false;
+    if (b->create(&b->h) != CUBLAS_STATUS_SUCCESS) return false;
+    return b->set_stream(b->h, s) == CUBLAS_STATUS_SUCCESS;
+}
+
+#define BL(x)                                                                                     \
+    do {                                                                                          \
+        cublasStatus_t s_ = (x);                                                                  \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                        \
+            fprintf(stderr, "moe_decode: %s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #x,  \
+                    (int)s_);                                                                     \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+/* y [M, N] (row-major, FP32) = x [M, K] (BF16) . W [N, K]^T (BF16). */
+static void gemm_rowmajor(blas *b, const void *W, const void *x, float *y, int N, int M, int K)
+{
+    const float one = 1.0f, zero = 0.0f;
+    BL(b->gemm(b->h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, W, CUDA_R_16BF, K, x, CUDA_R_16BF, K, &zero, y,
+               CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/* ---- options ------------------------------------------------------------------------------------ */
+
+typedef struct opts {
+    int64_t H, E, I, k, Is, tp;
+    int act;            /* 1 fp16, 2 bf16 */
+    bool raw, grouped, json, no_cublas;
+    std::vector<int64_t> Ms;
+    int iters, sets;
+    uint64_t seed;
+    const char *cublas, *db;
+} opts;
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: moe_decode [--hidden N] [--experts N] [--inter N] [--topk N] [--shared N] [--tp N]\n"
+                    "                  [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]\n"
+                    "                  [--M 1,2,4,8,16,784] [--iters N] [--sets N] [--seed N] [--cublas LIB]\n"
+                    "                  [--db PATH] [--json] [--no-cublas]\n");
+    exit(2);
+}
+
+static int64_t num(const char *opt, const char *v)
+{
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    if (*end || x < 1) {
+        fprintf(stderr, "moe_decode: %s: '%s' is not a positive integer\n", opt, v);
+        exit(2);
+    }
+    return x;
+}
+
+static void parse(int argc, char **argv, opts *o)
+{
+    o->H = 2560, o->E = 512, o->I = 640, o->k = 10, o->Is = 640, o->tp = 1;
+    o->act = 1, o->raw = false, o->grouped = false, o->json = false, o->no_cublas = false;
+    o->Ms = {1, 2, 4, 8, 16, 784};
+    o->iters = 200, o->sets = 16, o->seed = 1, o->cublas = NULL, o->db = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--json")) {
+            o->json = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-cublas")) {
+            o->no_cublas = true;
+            continue;
+        }
+        if (i + 1 >= argc) usage();
+        const char *v = argv[++i];
+        if (!strcmp(a, "--hidden")) o->H = num(a, v);
+        else if (!strcmp(a, "--experts")) o->E = num(a, v);
+        else if (!strcmp(a, "--inter")) o->I = num(a, v);
+        else if (!strcmp(a, "--topk")) o->k = num(a, v);
+        else if (!strcmp(a, "--shared")) o->Is = num(a, v);
+        else if (!strcmp(a, "--tp")) o->tp = num(a, v);
+        else if (!strcmp(a, "--iters")) o->iters = (int)num(a, v);
+        else if (!strcmp(a, "--sets")) o->sets = (int)num(a, v);
+        else if (!strcmp(a, "--seed")) o->seed = (uint64_t)num(a, v);
+        else if (!strcmp(a, "--cublas")) o->cublas = v;
+        else if (!strcmp(a, "--db")) o->db = v;
+        else if (!strcmp(a, "--act")) {
+            if (!strcmp(v, "fp16")) o->act = 1;
+            else if (!strcmp(v, "bf16")) o->act = 2;
+            else usage();
+        } else if (!strcmp(a, "--storage")) {
+            if (!strcmp(v, "raw")) o->raw = true;
+            else if (strcmp(v, "prepared")) usage();
+        } else if (!strcmp(a, "--dispatch")) {
+            if (!strcmp(v, "grouped")) o->grouped = true;
+            else if (strcmp(v, "direct")) usage();
+        } else if (!strcmp(a, "--M")) {
+            o->Ms.clear();
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", v);
+            for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) o->Ms.push_back(num(a, t));
+        } else {
+            usage();
+        }
+    }
+    if (o->I % o->tp || (o->I / o->tp) % 16 || o->Is % o->tp || o->H % 32 || o->k > o->E) {
+        fprintf(stderr, "moe_decode: inconsistent shape (inter/tp and hidden must be multiples of 16 / 32)\n");
+        exit(2);
+    }
+}
+
+/* ---- timing ------------------------------------------------------------------------------------- */
+
+/* Median time (us) of `iters` calls, call i replaying graphs[i % n]. */
+static double time_graphs(std::vector<cudaGraphExec_t> &g, int iters, cudaStream_t s)
+{
+    std::vector<cudaEvent_t> ev(iters + 1);
+    for (auto &e : ev) CK(cudaEventCreate(&e));
+    for (int w = 0; w < 10; w++) CK(cudaGraphLaunch(g[w % g.size()], s));
+    CK(cudaEventRecord(ev[0], s));
+    for (int i = 0; i < iters; i++) {
+        CK(cudaGraphLaunch(g[i % g.size()], s));
+        CK(cudaEventRecord(ev[i + 1], s));
+    }
+    CK(cudaStreamSynchronize(s));
+    std::vector<double> t(iters);
+    for (int i = 0; i < iters; i++) {
+        float ms;
+        CK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+        t[i] = ms * 1e3;
+    }
+    for (auto &e : ev) CK(cudaEventDestroy(e));
+    std::sort(t.begin(), t.end());
+    return iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
+}
+
+static double copy_bandwidth(cudaStream_t s)
+{
+    const size_t n = (size_t)1 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, n));
+    CK(cudaMalloc(&b, n));
+    CK(cudaMemset(a, 1, n));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<double> t;
+    for (int i = 0; i < 12; i++) {
+        CK(cudaEventRecord(e0, s));
+        CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, s));
+        CK(cudaEventRecord(e1, s));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 2) t.push_back(ms * 1e-3);
+    }
+    std::sort(t.begin(), t.end());
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return 2.0 * (double)n / (0.5 * (t[4] + t[5])); /* bytes/s, read + write */
+}
+
+/* ---- main ------------------------------------------------------------------------------------- */
+
+typedef struct row {
+    int64_t M, distinct;
+    double block, routed, cublas, floor_routed, floor_block, router, route;
+} row;
+
+int main(int argc, char **argv)
+{
+    opts o;
+    parse(argc, argv, &o);
+    td_err err;
+    TRYE(cu_mm_init(&err), err);
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    const int64_t H = o.H, E = o.E, k = o.k, il = o.I / o.tp, isl = o.Is / o.tp;
+    const int64_t Mmax = *std::max_element(o.Ms.begin(), o.Ms.end());
+    const double copy_bw = copy_bandwidth(s);
+
+    /* ---- the engine's layout, one rank ---- */
+    int64_t R13, K13, w13b, s13p, s13r, R2, K2, w2b, s2p, s2r;
+    cu_qmat_geometry(CU_W_NVFP4, 16 * ((il + 7) / 8), H, &R13, &K13, &w13b, &s13p, &s13r);
+    cu_qmat_geometry(CU_W_NVFP4, H, il, &R2, &K2, &w2b, &s2p, &s2r);
+    cu_block_w bw;
+    memset(&bw, 0, sizeof bw);
+    cu_qmat &w13 = bw.w13, &w2 = bw.w2;
+    w13.kind = CU_W_NVFP4;
+    w13.raw = o.raw;
+    w13.rows = 16 * ((il + 7) / 8);
+    w13.cols = H;
+    w13.R = R13;
+    w13.K = K13;
+    w13.mat_w = w13b;
+    w13.mat_s = o.raw ? s13r : s13p;
+    w2 = w13;
+    w2.rows = H;
+    w2.cols = il;
+    w2.R = R2;
+    w2.K = K2;
+    w2.mat_w = w2b;
+    w2.mat_s = o.raw ? s2r : s2p;
+    const float g = 1.0f / 128.0f;
+    void *p;
+    CK(cudaMalloc(&p, (size_t)(E * w13b)));
+    fill_bytes(p, (size_t)(E * w13b), o.seed * 11 + 1, 0, 0);
+    w13.w = (const uint8_t *)p;
+    CK(cudaMalloc(&p, (size_t)(E * w2b)));
+    fill_bytes(p, (size_t)(E * w2b), o.seed * 11 + 2, 0, 0);
+    w2.w = (const uint8_t *)p;
+    for (int j = 0; j < 2; j++) {
+        cu_qmat &q = j ? w2 : w13;
+        const size_t n = (size_t)(E * q.mat_s);
+        CK(cudaMalloc(&p, n));
+        if (o.raw) {
+            fill_bytes(p, n, o.seed * 11 + 3 + j, 0x38, 40);
+            std::vector<float2> gl((size_t)E, make_float2(g, g));
+            void *dg;
+            CK(cudaMalloc(&dg, gl.size() * sizeof(float2)));
+            CK(cudaMemcpy(dg, gl.data(), gl.size() * sizeof(float2), cudaMemcpyHostToDevice));
+            q.g = (const float2 *)dg;
+        } else {
+            k_fill_eff<<<1024, 256>>>((uint16_t *)p, n / 2, o.seed * 11 + 3 + j, g);
+            CK(cudaGetLastError());
+        }
+        q.s = (const uint8_t *)p;
+    }
+    bw.mm = true;
+    /* shared expert (BF16) and router + shared gate (one BF16 matrix of E + 1 rows) */
+    int64_t Rs13, Ks13, ws13, d0, d1, Rs2, Ks2, ws2, Rr, Kr, wr;
+    cu_qmat_geometry(CU_W_BF16, 16 * ((isl + 7) / 8), H, &Rs13, &Ks13, &ws13, &d0, &d1);
+    cu_qmat_geometry(CU_W_BF16, H, isl, &Rs2, &Ks2, &ws2, &d0, &d1);
+    cu_qmat_geometry(CU_W_BF16, E + 1, H, &Rr, &Kr, &wr, &d0, &d1);
+    cu_qmat &sh13 = bw.sh13, &sh2 = bw.sh2, &rq = bw.router_q;
+    sh13.kind = CU_W_BF16;
+    sh13.rows = 16 * ((isl + 7) / 8);
+    sh13.cols = H;
+    sh13.R = Rs13;
+    sh13.K = Ks13;
+    sh13.mat_w = ws13;
+    sh2 = sh13;
+    sh2.rows = H;
+    sh2.cols = isl;
+    sh2.R = Rs2;
+    sh2.K = Ks2;
+    sh2.mat_w = ws2;
+    rq = sh13;
+    rq.rows = E + 1;
+    rq.cols = H;
+    rq.R = Rr;
+    rq.K = Kr;
+    rq.mat_w = wr;
+    CK(cudaMalloc(&p, (size_t)ws13));
+    k_fill_bf16<<<1024, 256>>>((uint16_t *)p, (size_t)ws13 / 2, o.seed * 11 + 5, 0.03f);
+    sh13.w = (const uint8_t *)p;
+    CK(cudaMalloc(&p, (size_t)ws2));
+    k_fill_bf16<<<1024, 256>>>((uint16_t *)p, (size_t)ws2 / 2, o.seed * 11 + 6, 0.03f);
+    sh2.w = (const uint8_t *)p;
+    CK(cudaMalloc(&p, (size_t)wr));
+    k_fill_bf16<<<1024, 256>>>((uint16_t *)p, (size_t)wr / 2, o.seed * 11 + 7, 0.03f);
+    rq.w = (const uint8_t *)p;
+    bw.sh_mm = true;
+    bw.has_shared = true;
+    bw.router_mm = true;
+    cu_block_shape shape;
+    memset(&shape, 0, sizeof shape);
+    shape.H = H;
+    shape.E = E;
+    shape.k = k;
+    shape.I = il; /* one rank's slice, stored as a TP-1 model */
+    shape.Is = isl;
+    shape.renorm = true;
+    shape.act = o.act;
+    shape.tp_size = 1;
+    shape.tp_rank = 0;
+    shape.rank0 = 0;
+    shape.nr = 1;
+    shape.grouped = o.grouped;
+
+    /* ---- workspace ---- */
+    const int64_t C = Mmax, S = C * k;
+    const int64_t G = cu_mm_group_bound(S, E);
+    cu_block_ws ws;
+    memset(&ws, 0, sizeof ws);
+    ws.lg_ld = E + 1;
+    CK(cudaMalloc(&ws.x, (size_t)(C * H) * 4));
+    CK(cudaMalloc(&ws.xa, (size_t)(C * H) * 4));
+    CK(cudaMalloc(&ws.logits, (size_t)(C * (E + 1)) * 4));
+    CK(cudaMalloc(&ws.wts, (size_t)S * 4));
+    CK(cudaMalloc(&ws.ids, (size_t)S * 4));
+    CK(cudaMalloc(&ws.act, (size_t)(S * il) * 4));
+    CK(cudaMalloc(&ws.eout, (size_t)(S * H) * 4));
+    CK(cudaMalloc(&ws.sh_act, (size_t)(C * isl) * 4));
+    CK(cudaMalloc(&ws.sh_out, (size_t)(C * H) * 4));
+    CK(cudaMalloc(&ws.out, (size_t)(C * H) * 4));
+    CK(cudaMalloc(&ws.xa16, (size_t)(C * H) * 2));
+    CK(cudaMalloc(&ws.act16, (size_t)(S * il) * 2));
+    CK(cudaMalloc(&ws.sh_act16, (size_t)(C * isl) * 2));
+    CK(cudaMalloc(&ws.n_groups, 4));
+    CK(cudaMalloc(&ws.g_mat, (size_t)G * 4));
+    CK(cudaMalloc(&ws.g_start, (size_t)G * 4));
+    CK(cudaMalloc(&ws.g_count, (size_t)G * 4));
+    CK(cudaMalloc(&ws.perm, (size_t)S * 4));
+    ws.s = s;
+    CK(cudaStreamCreateWithFlags(&ws.s2, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&ws.ev_fork, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&ws.ev_join, cudaEventDisableTiming));
+    float *sgb;
+    CK(cudaMalloc(&sgb, (size_t)C * 4));
+    k_fill_f32<<<1024, 256>>>(ws.x, (size_t)(C * H), o.seed * 11 + 9, 0.3f);
+    CK(cudaGetLastError());
+    std::vector<float> hw((size_t)S);
+    for (int64_t i = 0; i < S; i++) hw[(size_t)i] = 1.0f / (float)k;
+    CK(cudaMemcpy(ws.wts, hw.data(), (size_t)S * 4, cudaMemcpyHostToDevice));
+
+    /* ---- route sets: distinct experts per token, from a seeded LCG ---- */
+    std::vector<int32_t *> sets((size_t)o.sets);
+    std::vector<std::vector<int32_t>> hsets((size_t)o.sets);
+    uint64_t lcg = o.seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int si = 0; si < o.sets; si++) {
+        std::vector<int32_t> &h = hsets[(size_t)si];
+        h.resize((size_t)S);
+        for (int64_t t = 0; t < C; t++)
+            for (int64_t j = 0; j < k; j++) {
+                int32_t id;
+                bool dup;
+                do {
+                    lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+                    id = (int32_t)((lcg >> 33) % (uint64_t)E);
+                    dup = false;
+                    for (int64_t i = 0; i < j; i++) dup |= h[(size_t)(t * k + i)] == id;
+                } while (dup);
+                h[(size_t)(t * k + j)] = id;
+            }
+        CK(cudaMalloc(&sets[(size_t)si], (size_t)S * 4));
+        CK(cudaMemcpy(sets[(size_t)si], h.data(), (size_t)S * 4, cudaMemcpyHostToDevice));
+    }
+
+    /* ---- cuBLAS baseline data ---- */
+    blas bl;
+    const bool have_blas = !o.no_cublas && blas_open(&bl, o.cublas, s);
+    uint16_t *bw13 = NULL, *bw2 = NULL, *bsh13 = NULL, *bsh2 = NULL, *xb = NULL, *ab = NULL, *shab = NULL;
+    uint16_t *brouter = NULL;
+    float *h13 = NULL, *shh = NULL;
+    std::vector<void **> parr_w13((size_t)o.sets), parr_x((size_t)o.sets), parr_h((size_t)o.sets),
+        parr_w2((size_t)o.sets), parr_a((size_t)o.sets), parr_y((size_t)o.sets);
+    const int64_t Mb = std::min<int64_t>(Mmax, 16);
+    if (have_blas) {
+        CK(cudaMalloc(&bw13, (size_t)(E * 2 * il * H) * 2));
+        CK(cudaMalloc(&bw2, (size_t)(E * H * il) * 2));
+        k_dequant_like<<<2048, 256>>>(bw13, (size_t)(E * 2 * il * H), o.seed * 13 + 1);
+        k_dequant_like<<<2048, 256>>>(bw2, (size_t)(E * H * il), o.seed * 13 + 2);
+        CK(cudaMalloc(&brouter, (size_t)((E + 1) * H) * 2));
+        k_fill_bf16<<<1024, 256>>>(brouter, (size_t)((E + 1) * H), 5, 0.03f);
+        CK(cudaMalloc(&bsh13, (size_t)(2 * isl * H) * 2));
+        CK(cudaMalloc(&bsh2, (size_t)(H * isl) * 2));
+        k_fill_bf16<<<1024, 256>>>(bsh13, (size_t)(2 * isl * H), 3, 0.03f);
+        k_fill_bf16<<<1024, 256>>>(bsh2, (size_t)(H * isl), 4, 0.03f);
+        CK(cudaMalloc(&xb, (size_t)(C * H) * 2));
+        CK(cudaMalloc(&h13, (size_t)(Mb * k * 2 * il) * 4));
+        CK(cudaMalloc(&ab, (size_t)(Mb * k * il) * 2));
+        CK(cudaMalloc(&shh, (size_t)(Mb * 2 * isl) * 4));
+        CK(cudaMalloc(&shab, (size_t)(Mb * isl) * 2));
+        CK(cudaGetLastError());
+        for (int si = 0; si < o.sets; si++) {
+            const int64_t n = Mb * k;
+            std::vector<void *> a(n), b(n), c(n), d(n), e(n), f(n);
+            for (int64_t sl = 0; sl < n; sl++) {
+                const int32_t ex = hsets[(size_t)si][(size_t)sl];
+                a[sl] = bw13 + (size_t)ex * 2 * il * H;
+                b[sl] = xb + (size_t)(sl / k) * H;
+                c[sl] = h13 + (size_t)sl * 2 * il;
+                d[sl] = bw2 + (size_t)ex * H * il;
+                e[sl] = ab + (size_t)sl * il;
+                f[sl] = ws.eout + (size_t)sl * H;
+            }
+            std::vector<void *> *src[6] = {&a, &b, &c, &d, &e, &f};
+            std::vector<void **> *dst[6] = {&parr_w13, &parr_x, &parr_h, &parr_w2, &parr_a, &parr_y};
+            for (int j = 0; j < 6; j++) {
+                void **dp;
+                CK(cudaMalloc(&dp, (size_t)n * sizeof(void *)));
+                CK(cudaMemcpy(dp, src[j]->data(), (size_t)n * sizeof(void *), cudaMemcpyHostToDevice));
+                (*dst[j])[(size_t)si] = dp;
+            }
+        }
+    } else if (!o.no_cublas) {
+        fprintf(stderr, "moe_decode: cuBLAS not found (pass --cublas PATH): no baseline column\n");
+    }
+    CK(cudaDeviceSynchronize());
+
+    const double e13 = (double)(w13b + w13.mat_s), e2 = (double)(w2b + w2.mat_s);
+    const double router_b = (double)wr, shared_b = (double)(ws13 + ws2);
+    int32_t *ids_scratch;
+    float *wts_scratch;
+    CK(cudaMalloc(&ids_scratch, (size_t)S * 4));
+    CK(cudaMalloc(&wts_scratch, (size_t)S * 4));
+    std::vector<row> rows;
+    for (int64_t M : o.Ms) {
+        std::vector<cudaGraphExec_t> gb, gr, gc, gq, gt;
+        int64_t distinct_sum = 0;
+        for (int si = 0; si < o.sets; si++) {
+            int32_t *ids = sets[(size_t)si];
+            std::vector<char> seen((size_t)E, 0);
+            for (int64_t sl = 0; sl < M * k; sl++)
+                if (!seen[(size_t)hsets[(size_t)si][(size_t)sl]]) seen[(size_t)hsets[(size_t)si][(size_t)sl]] = 1, distinct_sum++;
+            for (int part = 0; part < 5; part++) {
+                if (part == 2 && (!have_blas || M > Mb)) continue;
+                cudaGraph_t graph;
+                cu_block_ws wsi = ws;
+                wsi.ids = ids;
+                CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+                if (part == 0) {
+                    /* the engine's block with these routes, plus the routing kernel on the
+                     * router's logits (its routes discarded) so that its cost is counted */
+                    TRYE(cu_moe_route(ws.logits, ws.lg_ld, M, E, k, true, ids_scratch, wts_scratch, s, &err), err);
+                    TRYE(cu_moe_block(&shape, &bw, &wsi, CU_BLOCK_MOE, true, M, &err), err);
+                } else if (part == 1) {
+                    TRYE(cu_moe_block(&shape, &bw, &wsi, CU_BLOCK_ROUTED, true, M, &err), err);
+                } else if (part == 3) {
+                    TRYE(cu_moe_block(&shape, &bw, &wsi, CU_BLOCK_ROUTER, false, M, &err), err);
+                } else if (part == 4) {
+                    TRYE(cu_moe_route(ws.logits, ws.lg_ld, M, E, k, true, ids_scratch, wts_scratch, s, &err), err);
+                } else {
+                    /* cuBLAS baseline: BF16 weights; routed experts batched over the slots */
+                    const float one = 1.0f, zero = 0.0f;
+                    const int n = (int)(M * k);
+                    TRYE(cu_moe_round(ws.x, ws.xa, M * H, o.act, s, &err), err);
+                    k_to_bf16<<<(unsigned)((M * H + 255) / 256), 256, 0, s>>>(ws.xa, xb, M * H);
+                    gemm_rowmajor(&bl, brouter, xb, ws.logits, (int)(E + 1), (int)M, (int)H);
+                    TRYE(cu_moe_route(ws.logits, ws.lg_ld, M, E, k, true, ids_scratch, wts_scratch, s, &err), err);
+                    BL(bl.gemm_batched(bl.h, CUBLAS_OP_T, CUBLAS_OP_N, (int)(2 * il), 1, (int)H, &one,
+                                       (const void *const *)parr_w13[(size_t)si], CUDA_R_16BF, (int)H,
+                                       (const void *const *)parr_x[(size_t)si], CUDA_R_16BF, (int)H, &zero,
+                                       parr_h[(size_t)si], CUDA_R_32F, (int)(2 * il), n, CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT));
+                    k_swiglu_bf16<<<(unsigned)((n * il + 255) / 256), 256, 0, s>>>(h13, ab, n, il);
+                    BL(bl.gemm_batched(bl.h, CUBLAS_OP_T, CUBLAS_OP_N, (int)H, 1, (int)il, &one,
+                                       (const void *const *)parr_w2[(size_t)si], CUDA_R_16BF, (int)il,
+                                       (const void *const *)parr_a[(size_t)si], CUDA_R_16BF, (int)il, &zero,
+                                       parr_y[(size_t)si], CUDA_R_32F, (int)H, n, CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT));
+                    gemm_rowmajor(&bl, bsh13, xb, shh, (int)(2 * isl), (int)M, (int)H);
+                    k_swiglu_bf16<<<(unsigned)((M * isl + 255) / 256), 256, 0, s>>>(shh, shab, M, isl);
+                    gemm_rowmajor(&bl, bsh2, shab, ws.sh_out, (int)H, (int)M, (int)isl);
+                    TRYE(cu_moe_combine(ws.wts, ws.eout, k, ws.logits + E, ws.lg_ld, ws.sh_out, M, H, o.act, 0, ws.out,
+                                        s, &err),
+                         err);
+                }
+                CK(cudaStreamEndCapture(s, &graph));
+                cudaGraphExec_t ex;
+                CK(cudaGraphInstantiate(&ex, graph, 0));
+                CK(cudaGraphDestroy(graph));
+                (part == 0 ? gb : part == 1 ? gr : part == 2 ? gc : part == 3 ? gq : gt).push_back(ex);
+            }
+        }
+        row r;
+        memset(&r, 0, sizeof r);
+        r.M = M;
+        r.distinct = distinct_sum / o.sets;
+        r.block = time_graphs(gb, o.iters, s);
+        r.routed = time_graphs(gr, o.iters, s);
+        r.cublas = gc.empty() ? NAN : time_graphs(gc, o.iters, s);
+        r.router = time_graphs(gq, o.iters, s);
+        r.route = time_graphs(gt, o.iters, s);
+        const double act_b = 2.0 * (double)(M * H) * 4.0;
+        const double dist = (double)distinct_sum / o.sets;
+        r.floor_routed = (dist * (e13 + e2) + act_b) / copy_bw * 1e6;
+        r.floor_block = (dist * (e13 + e2) + act_b + router_b + shared_b) / copy_bw * 1e6;
+        rows.push_back(r);
+        for (auto *v : {&gb, &gr, &gc, &gq, &gt})
+            for (auto e : *v) CK(cudaGraphExecDestroy(e));
+        if (!o.json)
+            fprintf(stderr, "M=%lld done\n", (long long)M);
+    }
+
+    const char *act_name = o.act == 1 ? "fp16" : "bf16";
+    char variant[96];
+    snprintf(variant, sizeof variant, "cuda:act_dtype=%s,storage=%s,moe_dispatch=%s,tp_size=%lld", act_name,
+             o.raw ? "raw" : "prepared", o.grouped ? "grouped" : "direct", (long long)o.tp);
+    if (o.json) {
+        printf("{\"gpu\": \"%s\", \"copy_bw_GBps\": %.1f, \"variant\": \"%s\", \"hidden\": %lld, \"experts\": %lld, "
+               "\"inter_per_rank\": %lld, \"topk\": %lld, \"rows\": [",
+               prop.name, copy_bw * 1e-9, variant, (long long)H, (long long)E, (long long)il, (long long)k);
+        for (size_t i = 0; i < rows.size(); i++) {
+            const row &r = rows[i];
+            printf("%s{\"M\": %lld, \"experts\": %lld, \"block_us\": %.2f, \"routed_us\": %.2f, "
+                   "\"routed_floor_us\": %.2f, \"block_floor_us\": %.2f, \"cublas_us\": %s%.2f%s}",
+                   i ? ", " : "", (long long)r.M, (long long)r.distinct, r.block, r.routed, r.floor_routed,
+                   r.floor_block, isnan(r.cublas) ? "\"" : "", isnan(r.cublas) ? 0.0 : r.cublas,
+                   isnan(r.cublas) ? "\"" : "");
+        }
+        printf("]}\n");
+    } else {
+        printf("GPU %s, copy bandwidth %.1f GB/s (read+write), %s\n", prop.name, copy_bw * 1e-9, variant);
+        printf("hidden %lld, %lld experts x %lld per rank, top-%lld, shared %lld per rank; median of %d calls, %d "
+               "route sets\n",
+               (long long)H, (long long)E, (long long)il, (long long)k, (long long)isl, o.iters, o.sets);
+        printf("%5s %7s %10s %10s %11s %9s %11s %9s %10s %8s\n", "M", "experts", "block_us", "routed_us",
+               "rt_floor_us", "rt_%bw", "blk_floor", "blk_%bw", "cublas_us", "speedup");
+        for (const row &r : rows)
+            printf("%5lld %7lld %10.2f %10.2f %11.2f %8.1f%% %11.2f %8.1f%% %10.2f %7.2fx\n", (long long)r.M,
+                   (long long)r.distinct, r.block, r.routed, r.floor_routed, 100.0 * r.floor_routed / r.routed,
+                   r.floor_block, 100.0 * r.floor_block / r.block, r.cublas, r.cublas / r.block);
+        printf("parts (us): M, round+router+gate graph, routing kernel graph\n");
+        for (const row &r : rows) printf("  %5lld %10.2f %10.2f\n", (long long)r.M, r.router, r.route);
+    }
+    if (o.db) {
+        td_db *db;
+        TRYE(td_db_open(o.db, TD_DB_CREATE, &db, &err), err);
+        td_db_run_info info;
+        memset(&info, 0, sizeof info);
+        info.kind = "bench";
+        info.argc = argc;
+        info.argv = argv;
+        int64_t run;
+        TRYE(td_db_run_begin(db, &info, &run, &err), err);
+        for (const row &r : rows) {
+            char shape[64];
+            snprintf(shape, sizeof shape, "M%lld.h%lld.e%lld.i%lld.k%lld", (long long)r.M, (long long)H,
+                     (long long)E, (long long)il, (long long)k);
+            const struct {
+                const char *bench;
+                double v;
+            } t[] = {{"moe_decode.block", r.block},     {"moe_decode.routed", r.routed},
+                     {"moe_decode.router", r.router},   {"moe_decode.route", r.route},
+                     {"moe_decode.cublas_bf16", r.cublas}, {"moe_decode.routed_floor", r.floor_routed},
+                     {"moe_decode.block_floor", r.floor_block}};
+            for (const auto &x : t) {
+                if (isnan(x.v)) continue;
+                td_db_timing_row tr;
+                memset(&tr, 0, sizeof tr);
+                tr.bench = x.bench;
+                tr.shape = shape;
+                tr.metric = "median";
+                tr.variant = variant;
+                tr.value = x.v;
+                tr.unit = "us";
+                tr.n = o.iters;
+                tr.stddev = NAN;
+                TRYE(td_db_put_timing(db, run, &tr, &err), err);
+            }
+        }
+        TRYE(td_db_run_end(db, run, TD_DB_RUN_OK, 0, NULL, &err), err);
+        td_db_close(db);
+        if (!o.json) printf("stored as run %lld in %s\n", (long long)run, o.db);
+    }
+    return 0;
+}

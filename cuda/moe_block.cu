@@ -1,0 +1,156 @@
+/* moe_block.cu — the MoE block's launch sequence (see moe_block.cuh). */
+#include "moe_block.cuh"
+
+#include <string.h>
+
+static void mm_groups(const cu_block_shape *sh, const cu_block_ws *ws, cu_mm_call *m, bool grouped, int64_t nslots)
+{
+    const int64_t E = sh->E;
+    m->nslots = nslots;
+    if (grouped) {
+        m->n_groups = ws->n_groups;
+        m->g_mat = ws->g_mat;
+        m->g_start = ws->g_start;
+        m->g_count = ws->g_count;
+        m->perm = ws->perm;
+        m->max_groups = cu_mm_group_bound(nslots, E);
+    } else {
+        m->ids = ws->ids;
+        m->pack = 1;
+        m->max_groups = nslots;
+    }
+}
+
+/* W13 + SwiGLU then W2 of one rank on the tensor-core path. ids == NULL with pack > 1: range
+ * groups over the tokens (shared expert). */
+static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, const cu_qmat *w13, const cu_qmat *w2,
+                           int ri, int64_t mats, bool routed_slots, bool grouped, int64_t Mc, int64_t il, float *act,
+                           uint16_t *act16, float *y, cudaStream_t s, td_err *err)
+{
+    const int64_t H = sh->H, k = sh->k;
+    cu_mm_call m;
+    memset(&m, 0, sizeof m);
+    m.W = *w13;
+    m.mats_per_expert = mats;
+    m.mat_off = ri;
+    if (routed_slots) {
+        mm_groups(sh, ws, &m, grouped, Mc * k);
+        m.in_div = k;
+    } else {
+        m.nslots = Mc;
+        m.pack = CU_MM_PACK;
+        m.max_groups = (Mc + CU_MM_PACK - 1) / CU_MM_PACK;
+        m.in_div = 1;
+    }
+    m.in16 = ws->xa16;
+    m.in_ld = H;
+    m.in_cols = H;
+    m.out = act;
+    m.out16 = act16;
+    m.out_ld = il;
+    m.out_n = il;
+    m.epi = CU_MM_SWIGLU;
+    m.act = sh->act;
+    td_status st = cu_mm(&m, s, err);
+    if (st) return st;
+    m.W = *w2;
+    m.in16 = act16;
+    m.in_ld = il;
+    m.in_div = 1;
+    m.in_cols = il;
+    m.out = y;
+    m.out16 = NULL;
+    m.out_ld = H;
+    m.out_n = H;
+    m.epi = CU_MM_STORE;
+    return cu_mm(&m, s, err);
+}
+
+td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_block_ws *c, cu_block_part part,
+                       bool routed, int64_t Mc, td_err *err)
+{
+    const int64_t H = sh->H, E = sh->E, k = sh->k, lg = c->lg_ld;
+    const int T = sh->tp_size, act = sh->act;
+    const int64_t il = sh->I / T, isl = sh->Is / T;
+    cudaStream_t s = c->s, s2 = c->s2;
+    const bool mm_act = act == 1 || act == 2;
+    td_status st = TD_OK;
+    if (part == CU_BLOCK_ROUTED) {
+        if (!ly->mm)
+            return td_err_set(err, TD_ERR_UNSUPPORTED, "cuda moe: the routed part alone runs on the tensor-core path only");
+        if (sh->grouped)
+            st = cu_mm_group(c->ids, Mc * k, E, c->n_groups, c->g_mat, c->g_start, c->g_count, c->perm, s, err);
+        if (!st) st = mm_expert(sh, c, &ly->w13, &ly->w2, 0, sh->nr, true, sh->grouped, Mc, il, c->act, c->act16,
+                                c->eout, s, err);
+        return st;
+    }
+    st = mm_act ? cu_moe_round16(c->x, c->xa, c->xa16, Mc * H, act, s, err)
+                : cu_moe_round(c->x, c->xa, Mc * H, act, s, err);
+    if (st) return st;
+    const bool need_router = part == CU_BLOCK_ROUTER || !routed;
+    if (ly->router_mm && (need_router || ly->has_shared)) {
+        cu_mm_call m;
+        memset(&m, 0, sizeof m);
+        m.W = ly->router_q;
+        m.mats_per_expert = 1;
+        m.nslots = Mc;
+        m.pack = CU_MM_PACK;
+        m.max_groups = (Mc + CU_MM_PACK - 1) / CU_MM_PACK;
+        m.in16 = c->xa16;
+        m.in_ld = H;
+        m.in_div = 1;
+        m.in_cols = H;
+        m.out = c->logits;
+        m.out_ld = lg;
+        m.out_n = ly->router_q.rows;
+        m.epi = CU_MM_F32;
+        m.act = act;
+        st = cu_mm(&m, s, err);
+    } else {
+        if (need_router) st = cu_moe_linear(ly->router, 0, E, c->xa, H, Mc, c->logits, lg, s, err);
+        if (!st && part == CU_BLOCK_MOE && ly->has_shared)
+            st = cu_moe_linear(ly->sh_gw, 0, 1, c->xa, H, Mc, c->logits + E, lg, s, err);
+    }
+    if (st || part == CU_BLOCK_ROUTER) return st;
+    if (!routed) st = cu_moe_route(c->logits, lg, Mc, E, k, sh->renorm, c->ids, c->wts, s, err);
+    const bool grouped = sh->grouped;
+    if (!st && grouped)
+        st = cu_mm_group(c->ids, Mc * k, E, c->n_groups, c->g_mat, c->g_start, c->g_count, c->perm, s, err);
+    if (st) return st;
+    const bool all = sh->tp_rank < 0;
+    const int r0 = all ? 0 : sh->tp_rank, r1 = all ? T : sh->tp_rank + 1;
+    for (int r = r0; r < r1 && !st; r++) {
+        const int ri = r - sh->rank0;
+        if (ly->has_shared) {
+            TD_CU_TRY(err, cudaEventRecord(c->ev_fork, s));
+            TD_CU_TRY(err, cudaStreamWaitEvent(s2, c->ev_fork, 0));
+            if (ly->sh_mm) {
+                st = mm_expert(sh, c, &ly->sh13, &ly->sh2, ri, 1, false, false, Mc, isl, c->sh_act, c->sh_act16,
+                               c->sh_out, s2, err);
+            } else {
+                st = cu_moe_w13(ly->sh_gate, ly->sh_up, r * isl, isl, NULL, 1, Mc, c->xa, H, act, c->sh_act, s2, err);
+                if (!st) st = cu_moe_w2(ly->sh_down, r * isl, isl, NULL, Mc, c->sh_act, H, act, c->sh_out, s2, err);
+            }
+            /* join even on failure, so that a capture can end */
+            cudaError_t ce = cudaEventRecord(c->ev_join, s2);
+            if (ce == cudaSuccess) ce = cudaStreamWaitEvent(s, c->ev_join, 0);
+            if (!st && ce != cudaSuccess)
+                st = td_err_set(err, TD_ERR_INTERNAL, "engine cuda: joining the shared-expert stream: %s",
+                                cudaGetErrorString(ce));
+            if (st) return st;
+        }
+        if (ly->mm) {
+            st = mm_expert(sh, c, &ly->w13, &ly->w2, ri, sh->nr, true, grouped, Mc, il, c->act, c->act16, c->eout, s,
+                           err);
+        } else {
+            st = cu_moe_w13(ly->gate, ly->up, r * il, il, c->ids, k, Mc * k, c->xa, H, act, c->act, s, err);
+            if (!st) st = cu_moe_w2(ly->down, r * il, il, c->ids, Mc * k, c->act, H, act, c->eout, s, err);
+        }
+        if (!st)
+            st = cu_moe_combine(c->wts, c->eout, k, ly->has_shared ? c->logits + E : NULL, lg, c->sh_out, Mc, H, act,
+                                r == r0 ? 0 : 1, c->out, s, err);
+    }
+    if (!st && all) st = cu_moe_round(c->out, c->out, Mc * H, act, s, err);
+    return st;
+}
+

@@ -1,0 +1,78 @@
+/* moe_block.cuh — one MoE block on the device: the sequence of launches (cuda/moe.cuh,
+ * cuda/moe_mma.cuh) that the engine runs for a chunk of tokens and that bench/gpu/moe_decode
+ * times, so that the bench measures exactly the engine's path.
+ *
+ * The sequence (on ws->s; the shared expert on ws->s2 between a fork after the router and a
+ * join before the combine, so it overlaps the routed experts):
+ *   round x to act (plus the 16-bit copy on the tensor-core path)
+ *   router logits and the shared-gate dot (one BF16 matrix of E + 1 rows on the tensor-core
+ *     path; CUDA-core dot products otherwise) into logits [M, lg_ld] (gate at column E)
+ *   routing (unless routes are imposed), grouping (moe_dispatch=grouped)
+ *   per TP rank: shared expert (W13 + SwiGLU, W2), routed experts (W13 + SwiGLU, W2), combine
+ *   (rank outputs added in rank order; rounded once more for tp_rank=all)
+ * CU_BLOCK_ROUTER stops after the logits; CU_BLOCK_ROUTED runs only grouping and the routed
+ * experts of the first rank (the bench's routed-part timing).
+ *
+ * Contract: plain data in, launches out; nothing is allocated, nothing synchronizes, nothing
+ * reads host memory (the whole sequence can be captured into a graph). Errors name the
+ * launch at fault.
+ */
+#ifndef TD_CUDA_MOE_BLOCK_CUH
+#define TD_CUDA_MOE_BLOCK_CUH
+
+#include "moe.cuh"
+#include "moe_mma.cuh"
+
+/* One layer's weights on the device. */
+typedef struct cu_block_w {
+    cu_lin router;              /* [E, H], CUDA-core path */
+    bool router_mm;             /* router (+ shared gate as row E) on the tensor-core path */
+    cu_qmat router_q;
+    bool mm;                    /* routed experts on the tensor-core path */
+    cu_lin gate, up, down;      /* CUDA-core path: every routed expert back to back */
+    cu_qmat w13, w2;            /* tensor-core path: matrix e * nr + rank index */
+    bool has_shared, sh_mm;
+    cu_lin sh_gate, sh_up, sh_down, sh_gw;
+    cu_qmat sh13, sh2;          /* tensor-core path: matrix = rank index */
+} cu_block_w;
+
+/* Shape and variant of a block. */
+typedef struct cu_block_shape {
+    int64_t H, E, k, I, Is;     /* I, Is: full (all ranks) intermediate sizes */
+    bool renorm;
+    int act;                    /* 0 fp32, 1 fp16, 2 bf16 */
+    int tp_size, tp_rank;       /* tp_rank -1: every rank, summed in rank order */
+    int rank0, nr;              /* ranks stored on the tensor-core path */
+    bool grouped;
+} cu_block_shape;
+
+/* Workspace for up to C tokens (sizes in brackets). */
+typedef struct cu_block_ws {
+    float *x, *xa;              /* [C, H] */
+    float *logits;              /* [C, lg_ld], lg_ld >= E + 1 */
+    int64_t lg_ld;
+    float *wts;                 /* [C, k] */
+    int32_t *ids;               /* [C, k] */
+    float *act;                 /* [C*k, I/tp] */
+    float *eout;                /* [C*k, H] */
+    float *sh_act;              /* [C, Is/tp] */
+    float *sh_out, *out;        /* [C, H] */
+    uint16_t *xa16;             /* [C, H] */
+    uint16_t *act16;            /* [C*k, I/tp] */
+    uint16_t *sh_act16;         /* [C, Is/tp] */
+    int32_t *n_groups;          /* [1] */
+    int32_t *g_mat, *g_start, *g_count; /* [cu_mm_group_bound(C*k, E)] */
+    int32_t *perm;              /* [C*k] */
+    cudaStream_t s, s2;
+    cudaEvent_t ev_fork, ev_join;
+} cu_block_ws;
+
+typedef enum cu_block_part { CU_BLOCK_MOE = 0, CU_BLOCK_ROUTER, CU_BLOCK_ROUTED } cu_block_part;
+
+/* Enqueue the block for Mc tokens whose input is in ws->x (and, with `routed`, whose routes
+ * are in ws->ids / ws->wts). Output in ws->out (CU_BLOCK_MOE), ws->logits (ROUTER) or
+ * ws->eout (ROUTED). */
+td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *w, const cu_block_ws *ws, cu_block_part part,
+                       bool routed, int64_t Mc, td_err *err);
+
+#endif /* TD_CUDA_MOE_BLOCK_CUH */

@@ -1,0 +1,608 @@
+/* moe_mma.cu — the tensor-core path of the MoE block: packers, grouping, and the grouped
+ * NVFP4 / BF16 projection kernel (see moe_mma.cuh for the layout and the numerics).
+ *
+ * Layering: host packers (cu_pack_*), device helpers, kernels (k_*), launchers (cu_mm*).
+ */
+#include "moe_mma.cuh"
+
+#include <string.h>
+
+extern "C" {
+#include "formats.h"
+#include "nvfp4.h"
+}
+
+/* Steps (32 columns) whose loads one warp issues before it computes on them. */
+#define MM_PREFETCH 10
+/* Most warps one block splits K over. */
+#define MM_MAX_WARPS 8
+#define GROUP_THREADS 1024
+
+static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+/* ==== host packers =========================================================================== */
+
+void cu_qmat_geometry(int kind, int64_t rows, int64_t cols, int64_t *R, int64_t *K, int64_t *wbytes,
+                      int64_t *sbytes_prepared, int64_t *sbytes_raw)
+{
+    *R = round_up(rows > 0 ? rows : 1, 16);
+    *K = round_up(cols > 0 ? cols : 1, 32);
+    *wbytes = kind == CU_W_NVFP4 ? *R * *K / 2 : *R * *K * 2;
+    *sbytes_prepared = kind == CU_W_NVFP4 ? *R * *K / 16 * 2 : 0;
+    *sbytes_raw = kind == CU_W_NVFP4 ? *R * *K / 16 : 0;
+}
+
+/* Fragment positions of nibble j (see the header): row offset and column offset (+ 2q). */
+static const int frag_row[8] = {0, 8, 0, 8, 0, 8, 0, 8};
+static const int frag_col[8] = {0, 0, 8, 8, 1, 1, 9, 9};
+
+/* FP16 effective scales of all 256 codes for one (global, conv). */
+static void eff_table(float global, int conv, uint16_t lut[256])
+{
+    for (int code = 0; code < 256; code++)
+        lut[code] = td_f32_to_f16(td_nvfp4_block_factor((uint8_t)code, global, conv ? TD_NVFP4_CT : TD_NVFP4_MODELOPT));
+}
+
+static uint32_t nib(const uint8_t *row, int64_t c, int64_t cols)
+{
+    return (row && c < cols) ? (row[c / 2] >> (4 * (c & 1))) & 15u : 0u;
+}
+
+void cu_pack_nvfp4(const uint8_t *const *row_w, const uint8_t *const *row_s, const float *row_global, int conv,
+                   int raw, int64_t rows, int64_t cols, uint8_t *w, uint8_t *s)
+{
+    int64_t R, K, wb, sp, sr;
+    cu_qmat_geometry(CU_W_NVFP4, rows, cols, &R, &K, &wb, &sp, &sr);
+    const int64_t KS = K / 32;
+    uint16_t lut[256];
+    float lut_g = 0.0f;
+    bool have_lut = false;
+    for (int64_t rt = 0; rt < R / 16; rt++)
+        for (int64_t ks = 0; ks < KS; ks++) {
+            for (int lane = 0; lane < 32; lane++) {
+                const int g = lane >> 2, q = lane & 3;
+                const int64_t r_lo = rt * 16 + g, r_hi = r_lo + 8;
+                const uint8_t *wl = r_lo < rows ? row_w[r_lo] : NULL;
+                const uint8_t *wh = r_hi < rows ? row_w[r_hi] : NULL;
+                for (int b = 0; b < 2; b++) {
+                    const int64_t kb = 2 * ks + b;
+                    uint32_t word;
+                    if ((kb + 1) * 16 <= cols && wl && wh) {
+                        /* bytes holding columns (2q, 2q+1) and (2q+8, 2q+9) of both rows */
+                        const uint32_t b0 = wl[kb * 8 + q], b1 = wh[kb * 8 + q];
+                        const uint32_t b2 = wl[kb * 8 + q + 4], b3 = wh[kb * 8 + q + 4];
+                        word = (b0 & 15u) | (b1 & 15u) << 4 | (b2 & 15u) << 8 | (b3 & 15u) << 12 | (b0 >> 4) << 16 |
+                               (b1 >> 4) << 20 | (b2 >> 4) << 24 | (b3 >> 4) << 28;
+                    } else {
+                        word = 0;
+                        for (int j = 0; j < 8; j++) {
+                            const uint8_t *row = frag_row[j] ? wh : wl;
+                            word |= nib(row, kb * 16 + 2 * q + frag_col[j], cols) << (4 * j);
+                        }
+                    }
+                    uint8_t *dst = w + (((rt * KS + ks) * 32 + lane) * 2 + b) * 4;
+                    for (int i = 0; i < 4; i++) dst[i] = (uint8_t)(word >> (8 * i));
+                }
+            }
+            for (int r16 = 0; r16 < 16; r16++) {
+                const int64_t r = rt * 16 + r16;
+                const bool row_ok = r < rows && row_s[r];
+                if (row_ok && !raw && (!have_lut || memcmp(&lut_g, &row_global[r], sizeof lut_g) != 0)) {
+                    eff_table(row_global[r], conv, lut);
+                    lut_g = row_global[r];
+                    have_lut = true;
+                }
+                for (int b = 0; b < 2; b++) {
+                    const int64_t kb = 2 * ks + b;
+                    const int64_t idx = ((rt * KS + ks) * 16 + r16) * 2 + b;
+                    const bool have = row_ok && kb * 16 < cols;
+                    const uint8_t code = have ? row_s[r][kb] : 0;
+                    if (raw) {
+                        s[idx] = code;
+                    } else {
+                        const uint16_t h = have ? lut[code] : 0;
+                        s[2 * idx] = (uint8_t)(h & 0xff);
+                        s[2 * idx + 1] = (uint8_t)(h >> 8);
+                    }
+                }
+            }
+        }
+}
+
+void cu_pack_bf16(const uint16_t *const *row_w, int64_t rows, int64_t cols, uint8_t *w)
+{
+    int64_t R, K, wb, sp, sr;
+    cu_qmat_geometry(CU_W_BF16, rows, cols, &R, &K, &wb, &sp, &sr);
+    const int64_t KS = K / 32;
+    /* register j of a block: (row offset, column offset) of its low element; high = col + 1 */
+    static const int reg_row[4] = {0, 8, 0, 8};
+    static const int reg_col[4] = {0, 0, 8, 8};
+    for (int64_t rt = 0; rt < R / 16; rt++)
+        for (int64_t ks = 0; ks < KS; ks++)
+            for (int lane = 0; lane < 32; lane++) {
+                const int g = lane >> 2, q = lane & 3;
+                for (int b = 0; b < 2; b++) {
+                    uint8_t *dst = w + (((rt * KS + ks) * 32 + lane) * 2 + b) * 16;
+                    for (int j = 0; j < 4; j++)
+                        for (int e = 0; e < 2; e++) {
+                            const int64_t r = rt * 16 + g + reg_row[j];
+                            const int64_t c = (2 * ks + b) * 16 + 2 * q + reg_col[j] + e;
+                            const uint16_t v = (r < rows && c < cols && row_w[r]) ? row_w[r][c] : 0;
+                            dst[4 * j + 2 * e] = (uint8_t)(v & 0xff);
+                            dst[4 * j + 2 * e + 1] = (uint8_t)(v >> 8);
+                        }
+                }
+            }
+}
+
+/* ==== device helpers ========================================================================= */
+
+/* A-fragment half2 register j of an NVFP4 word: nibbles j (low half) and j+4 (high half) as
+ * FP16 e2m1 x 2^-14 (magnitude bits to bits 9..11, sign to bit 15). */
+template <int J>
+__device__ __forceinline__ uint32_t e2m1x2_f16(uint32_t w)
+{
+    const uint32_t mag = (J <= 2 ? (w << (9 - 4 * J)) : (w >> 3)) & 0x0E000E00u;
+    const uint32_t sgn = (J <= 2 ? (w << (12 - 4 * J)) : w) & 0x80008000u;
+    return mag | sgn;
+}
+
+__device__ __forceinline__ uint32_t f16x2_to_bf16x2(uint32_t h)
+{
+    __half2 v;
+    memcpy(&v, &h, 4);
+    const float2 f = __half22float2(v);
+    __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    uint32_t r;
+    memcpy(&r, &b, 4);
+    return r;
+}
+
+__device__ __forceinline__ float round_act16(float v, int act)
+{
+    if (act == 1) return __half2float(__float2half_rn(v));
+    return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+template <int ACT>
+__device__ __forceinline__ void mma16816(const uint32_t a[4], uint32_t b0, uint32_t b1, float &c0, float &c1,
+                                         float &c2, float &c3)
+{
+    if (ACT == 1)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* The numerics' K cut (a function of K only): KS steps of 32 columns in NC chunks of `chunk`
+ * steps, NC a power of two <= 8 with chunk <= MM_PREFETCH where possible. */
+struct mm_geo {
+    int KS, NC, chunk;
+    int64_t xs_w;   /* 32-bit words per staged input row: K/2 rounded up to 32, plus 4 */
+};
+
+static mm_geo geo_of(int64_t K)
+{
+    mm_geo g;
+    g.KS = (int)(K / 32);
+    int want = (g.KS + MM_PREFETCH - 1) / MM_PREFETCH;
+    g.NC = 1;
+    while (g.NC < want && g.NC < MM_MAX_WARPS) g.NC *= 2;
+    g.chunk = (g.KS + g.NC - 1) / g.NC;
+    if (g.chunk < 1) g.chunk = 1;
+    g.xs_w = (K / 2 + 31) / 32 * 32 + 4;
+    return g;
+}
+
+struct mm_args {
+    cu_mm_call c;
+    mm_geo geo;
+    int split;      /* 1: the NC chunks of a row tile run on NC warps; 0: on one warp */
+    int xrows;      /* staged input rows (the most tokens a group can have) */
+};
+
+/* Stage the group's input rows into shared memory as 16-bit pairs (the block's threads
+ * together; columns at or beyond in_cols become 0), with the BF16 hi / lo split of FP16 inputs
+ * for BF16 weights (copy 1 holds lo). Ends with __syncthreads(). */
+template <bool SPLIT>
+__device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, int64_t slot0, int count, uint32_t *xs)
+{
+    const int64_t xs_w = a.geo.xs_w, half = a.c.W.K / 2, valid = a.c.in_cols / 2;
+    const int64_t copy = (int64_t)a.xrows * xs_w;
+    for (int j = 0; j < count; j++) {
+        const int64_t slot = plist ? plist[j] : slot0 + j;
+        const uint32_t *src = reinterpret_cast<const uint32_t *>(a.c.in16 + (slot / a.c.in_div) * a.c.in_ld);
+        for (int64_t w = threadIdx.x; w < half; w += blockDim.x) {
+            const uint32_t v = w < valid ? __ldg(src + w) : 0u;
+            if (!SPLIT) {
+                xs[j * xs_w + w] = v;
+            } else {
+                __half2 h;
+                memcpy(&h, &v, 4);
+                const float2 f = __half22float2(h);
+                const __nv_bfloat162 hi = __floats2bfloat162_rn(f.x, f.y);
+                const float2 hf = __bfloat1622float2(hi);
+                const __nv_bfloat162 lo = __floats2bfloat162_rn(__fsub_rn(f.x, hf.x), __fsub_rn(f.y, hf.y));
+                uint32_t uh, ul;
+                memcpy(&uh, &hi, 4);
+                memcpy(&ul, &lo, 4);
+                xs[j * xs_w + w] = uh;
+                xs[copy + j * xs_w + w] = ul;
+            }
+        }
+    }
+    __syncthreads();
+}
+
+/* Partial sums of steps [k0, k1) of row tile rt for NT n-tiles (acc from +0). WK: 0 NVFP4
+ * prepared, 1 NVFP4 raw, 2 BF16. rows[nt]: input rows of tokens nt*8 + g. */
+template <int WK, int ACT, int NT>
+__device__ __forceinline__ void mm_chunk(const mm_args &a, int64_t mat, int64_t rt, int k0, int k1, int count,
+                                         uint32_t *xs, const int32_t *plist, int64_t slot0, bool stage, int lane,
+                                         float acc[2][4])
+{
+    const cu_qmat &W = a.c.W;
+    const int64_t KS = a.geo.KS, xs_w = a.geo.xs_w, copy = (int64_t)a.xrows * xs_w;
+    const int g = lane >> 2, q = lane & 3;
+    const uint8_t *wbase = W.w + mat * W.mat_w;
+    const uint8_t *sbase = WK < 2 ? W.s + mat * W.mat_s : nullptr;
+    float2 glob = make_float2(0.f, 0.f);
+    if (WK == 1) glob = W.g[mat];
+    const int64_t tile0 = rt * KS;
+    constexpr int PF = WK == 2 ? 4 : WK == 1 && NT == 1 ? 6 : MM_PREFETCH;
+    constexpr bool SPLIT = WK == 2 && ACT == 1;
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+    for (int base = k0;; base += PF) {
+        const int n = k1 - base < PF ? (k1 > base ? k1 - base : 0) : PF;
+        uint2 wq[PF];
+        uint4 wd[PF][2];
+        uint32_t s_lo[PF], s_hi[PF];
+#pragma unroll
+        for (int i = 0; i < PF; i++) {
+            if (i < n) {
+                const int64_t step = tile0 + base + i;
+                if (WK < 2) {
+                    wq[i] = __ldg(reinterpret_cast<const uint2 *>(wbase) + step * 32 + lane);
+                } else {
+                    const uint4 *p = reinterpret_cast<const uint4 *>(wbase) + (step * 32 + lane) * 2;
+                    wd[i][0] = __ldg(p);
+                    wd[i][1] = __ldg(p + 1);
+                }
+                if (WK == 0) {
+                    const uint32_t *sp = reinterpret_cast<const uint32_t *>(sbase) + step * 16;
+                    s_lo[i] = __ldg(sp + g);
+                    s_hi[i] = __ldg(sp + g + 8);
+                } else if (WK == 1) {
+                    const uint16_t *sp = reinterpret_cast<const uint16_t *>(sbase) + step * 16;
+                    s_lo[i] = __ldg(sp + g);
+                    s_hi[i] = __ldg(sp + g + 8);
+                }
+            }
+        }
+        if (stage && base == k0) stage_x<SPLIT>(a, plist, slot0, count, xs); /* while the weights load */
+#pragma unroll
+        for (int i = 0; i < PF; i++) {
+            if (i < n) {
+#pragma unroll
+                for (int b = 0; b < 2; b++) {
+                    const int64_t kw = (int64_t)(base + i) * 16 + b * 8 + q; /* word of column 2q */
+                    uint32_t B[2][4];
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        const int row = nt * 8 + g;
+                        B[nt][0] = B[nt][1] = B[nt][2] = B[nt][3] = 0;
+                        if (row < count) {
+                            B[nt][0] = xs[row * xs_w + kw];
+                            B[nt][1] = xs[row * xs_w + kw + 4];
+                            if (SPLIT) {
+                                B[nt][2] = xs[copy + row * xs_w + kw];
+                                B[nt][3] = xs[copy + row * xs_w + kw + 4];
+                            }
+                        }
+                    }
+                    uint32_t A[4];
+                    if (WK < 2) {
+                        const uint32_t word = b ? wq[i].y : wq[i].x;
+                        A[0] = e2m1x2_f16<0>(word);
+                        A[1] = e2m1x2_f16<1>(word);
+                        A[2] = e2m1x2_f16<2>(word);
+                        A[3] = e2m1x2_f16<3>(word);
+                        if (ACT == 2)
+#pragma unroll
+                            for (int j = 0; j < 4; j++) A[j] = f16x2_to_bf16x2(A[j]);
+                    } else {
+                        A[0] = wd[i][b].x;
+                        A[1] = wd[i][b].y;
+                        A[2] = wd[i][b].z;
+                        A[3] = wd[i][b].w;
+                    }
+                    float e_lo = 0.f, e_hi = 0.f;
+                    if (WK == 0) {
+                        e_lo = __half2float(__ushort_as_half((unsigned short)(s_lo[i] >> (16 * b)))) * 16384.0f;
+                        e_hi = __half2float(__ushort_as_half((unsigned short)(s_hi[i] >> (16 * b)))) * 16384.0f;
+                    } else if (WK == 1) {
+                        e_lo = cu_raw_eff((s_lo[i] >> (8 * b)) & 0xffu, glob.x, W.conv) * 16384.0f;
+                        e_hi = cu_raw_eff((s_hi[i] >> (8 * b)) & 0xffu, glob.y, W.conv) * 16384.0f;
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        if (WK < 2) {
+                            float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+                            mma16816<ACT>(A, B[nt][0], B[nt][1], d0, d1, d2, d3);
+                            acc[nt][0] = __fmaf_rn(e_lo, d0, acc[nt][0]);
+                            acc[nt][1] = __fmaf_rn(e_lo, d1, acc[nt][1]);
+                            acc[nt][2] = __fmaf_rn(e_hi, d2, acc[nt][2]);
+                            acc[nt][3] = __fmaf_rn(e_hi, d3, acc[nt][3]);
+                        } else {
+                            mma16816<2>(A, B[nt][0], B[nt][1], acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+                            if (SPLIT)
+                                mma16816<2>(A, B[nt][2], B[nt][3], acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+                        }
+                    }
+                }
+            }
+        }
+        if (base + PF >= k1) break;
+    }
+}
+
+__device__ __forceinline__ void store16(uint16_t *p, float v, int act)
+{
+    *p = act == 1 ? __half_as_ushort(__float2half_rn(v)) : __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+/* Epilogue of one row tile: v[nt][e] final sums (e: 0,1 row g tokens 2q, 2q+1; 2,3 row g+8). */
+__device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int count, const int32_t *plist,
+                                            int64_t slot0, int lane, int ntn, const float v[2][4])
+{
+    const int g = lane >> 2, q = lane & 3;
+    for (int nt = 0; nt < ntn; nt++)
+        for (int t = 0; t < 2; t++) {
+            const int j = nt * 8 + 2 * q + t;
+            if (j >= count) continue;
+            const int64_t slot = plist ? plist[j] : slot0 + j;
+            if (c.epi == CU_MM_SWIGLU) {
+                const int64_t col = rt * 8 + g;
+                if (col >= c.out_n) continue;
+                const double d = (double)v[nt][t];
+                const float silu = (float)(d / (1.0 + exp(-d)));
+                const float h = round_act16(__fmul_rn(silu, v[nt][2 + t]), c.act);
+                if (c.out) c.out[slot * c.out_ld + col] = h;
+                if (c.out16) store16(c.out16 + slot * c.out_ld + col, h, c.act);
+            } else {
+                for (int hh = 0; hh < 2; hh++) {
+                    const int64_t r = rt * 16 + g + 8 * hh;
+                    if (r >= c.out_n) continue;
+                    const float x = c.epi == CU_MM_F32 ? v[nt][2 * hh + t] : round_act16(v[nt][2 * hh + t], c.act);
+                    if (c.out) c.out[slot * c.out_ld + r] = x;
+                    if (c.out16) store16(c.out16 + slot * c.out_ld + r, x, c.act);
+                }
+            }
+        }
+}
+
+/* ==== kernels ================================================================================ */
+
+template <int WK, int ACT, int NTMAX>
+__global__ void __launch_bounds__(MM_MAX_WARPS * 32, NTMAX == 1 ? 3 : 2) k_mm(mm_args a)
+{
+    __shared__ float red[MM_MAX_WARPS][2][4][32];
+    extern __shared__ uint32_t xs[];
+    const cu_mm_call &c = a.c;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t gy = blockIdx.y;
+    int64_t mat, slot0 = 0;
+    int count;
+    const int32_t *plist = nullptr;
+    if (c.perm) {
+        if (gy >= *c.n_groups) return;
+        mat = c.g_mat[gy];
+        count = c.g_count[gy];
+        plist = c.perm + c.g_start[gy];
+    } else {
+        slot0 = gy * c.pack;
+        if (slot0 >= c.nslots) return;
+        count = (int)(c.nslots - slot0 < c.pack ? c.nslots - slot0 : c.pack);
+        mat = c.ids ? c.ids[slot0] : 0;
+    }
+    if (count > a.xrows) count = a.xrows; /* never: xrows bounds every group */
+    mat = mat * c.mats_per_expert + c.mat_off;
+    const int NC = a.geo.NC, chunk = a.geo.chunk, KS = a.geo.KS;
+    const int nk = a.split ? NC : 1, rpb = MM_MAX_WARPS / nk;
+    const int kw = warp % nk, rtl = warp / nk;
+    const int64_t rt = (int64_t)blockIdx.x * rpb + rtl;
+    const bool live = rt < c.W.R / 16;
+    const int ntn = count > 8 ? NTMAX : 1;
+    float v[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    if (a.split) {
+        int k0 = kw * chunk, k1 = k0 + chunk < KS ? k0 + chunk : KS;
+        if (!live || k1 < k0) k1 = k0;
+        if (ntn == 1) mm_chunk<WK, ACT, 1>(a, mat, rt, k0, k1, count, xs, plist, slot0, true, lane, v);
+        else mm_chunk<WK, ACT, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, true, lane, v);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) red[warp][nt][e][lane] = v[nt][e];
+        __syncthreads();
+        if (kw != 0 || !live) return;
+        for (int nt = 0; nt < 2; nt++)
+            for (int e = 0; e < 4; e++) {
+                float s = red[warp][nt][e][lane];
+                for (int w = 1; w < nk; w++) s = __fadd_rn(s, red[warp + w][nt][e][lane]);
+                v[nt][e] = s;
+            }
+    } else {
+        for (int ch = 0; ch < NC; ch++) {
+            int k0 = ch * chunk, k1 = k0 + chunk < KS ? k0 + chunk : KS;
+            if (!live || k1 < k0) k1 = k0;
+            float p[2][4];
+            if (ntn == 1) mm_chunk<WK, ACT, 1>(a, mat, rt, k0, k1, count, xs, plist, slot0, ch == 0, lane, p);
+            else mm_chunk<WK, ACT, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, ch == 0, lane, p);
+            for (int nt = 0; nt < 2; nt++)
+                for (int e = 0; e < 4; e++) v[nt][e] = ch == 0 ? p[nt][e] : __fadd_rn(v[nt][e], p[nt][e]);
+        }
+        if (!live) return;
+    }
+    mm_epilogue(c, rt, count, plist, slot0, lane, ntn, v);
+}
+
+/* int32 words before the 8-byte aligned scan partials of k_group's shared memory. */
+__host__ __device__ static inline int64_t group_off(int64_t nslots, int64_t E) { return (nslots + E + 1) / 2 * 2; }
+
+/* Grouped dispatch on one block: count per expert, exclusive scans of slots and packs, then
+ * every expert writes its packs and its slots in ascending slot order. */
+__global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int64_t nslots, int64_t E, int P,
+                                                         int32_t *n_groups, int32_t *g_mat, int32_t *g_start,
+                                                         int32_t *g_count, int32_t *perm)
+{
+    extern __shared__ int32_t sh[];
+    int32_t *sid = sh;                    /* [nslots] */
+    int32_t *cnt = sid + nslots;          /* [E] */
+    long long *part = reinterpret_cast<long long *>(sh + group_off(nslots, E)); /* [GROUP_THREADS] */
+    const int tid = threadIdx.x;
+    for (int64_t s = tid; s < nslots; s += GROUP_THREADS) sid[s] = ids[s];
+    __syncthreads();
+    for (int64_t e = tid; e < E; e += GROUP_THREADS) {
+        int32_t n = 0;
+        for (int64_t s = 0; s < nslots; s++) n += sid[s] == (int32_t)e;
+        cnt[e] = n;
+    }
+    __syncthreads();
+    /* thread t owns experts [t*per, (t+1)*per): packed (slots << 32 | packs) partial sums */
+    const int64_t per = (E + GROUP_THREADS - 1) / GROUP_THREADS;
+    const int64_t e0 = tid * per, e1 = e0 + per < E ? e0 + per : E;
+    long long mine = 0;
+    for (int64_t e = e0; e < e1; e++)
+        mine += ((long long)cnt[e] << 32) + (cnt[e] + P - 1) / P;
+    part[tid] = mine;
+    __syncthreads();
+    for (int off = 1; off < GROUP_THREADS; off <<= 1) { /* inclusive Hillis-Steele scan */
+        const long long add = tid >= off ? part[tid - off] : 0;
+        __syncthreads();
+        part[tid] += add;
+        __syncthreads();
+    }
+    long long run = part[tid] - mine; /* exclusive prefix */
+    if (tid == GROUP_THREADS - 1) *n_groups = (int32_t)(part[tid] & 0xffffffffll);
+    for (int64_t e = e0; e < e1; e++) {
+        const int32_t n = cnt[e];
+        int32_t sbase = (int32_t)(run >> 32), gbase = (int32_t)(run & 0xffffffffll);
+        for (int32_t j = 0; j * P < n; j++) {
+            g_mat[gbase + j] = (int32_t)e;
+            g_start[gbase + j] = sbase + j * P;
+            g_count[gbase + j] = n - j * P < P ? n - j * P : P;
+        }
+        if (n) {
+            int32_t pos = sbase;
+            for (int64_t s = 0; s < nslots && pos < sbase + n; s++)
+                if (sid[s] == (int32_t)e) perm[pos++] = (int32_t)s;
+        }
+        run += ((long long)n << 32) + (n + P - 1) / P;
+    }
+}
+
+/* ==== launchers ============================================================================== */
+
+#define MM_SMEM_MAX (200 * 1024)
+
+template <int WK, int ACT, int NTMAX>
+static cudaError_t set_smem_limit(void)
+{
+    return cudaFuncSetAttribute(k_mm<WK, ACT, NTMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX);
+}
+
+td_status cu_mm_init(td_err *err)
+{
+    TD_CU_TRY(err, (set_smem_limit<0, 1, 1>()));
+    TD_CU_TRY(err, (set_smem_limit<0, 1, 2>()));
+    TD_CU_TRY(err, (set_smem_limit<0, 2, 1>()));
+    TD_CU_TRY(err, (set_smem_limit<0, 2, 2>()));
+    TD_CU_TRY(err, (set_smem_limit<1, 1, 1>()));
+    TD_CU_TRY(err, (set_smem_limit<1, 1, 2>()));
+    TD_CU_TRY(err, (set_smem_limit<1, 2, 1>()));
+    TD_CU_TRY(err, (set_smem_limit<1, 2, 2>()));
+    TD_CU_TRY(err, (set_smem_limit<2, 1, 1>()));
+    TD_CU_TRY(err, (set_smem_limit<2, 1, 2>()));
+    TD_CU_TRY(err, (set_smem_limit<2, 2, 1>()));
+    TD_CU_TRY(err, (set_smem_limit<2, 2, 2>()));
+    TD_CU_TRY(err, cudaFuncSetAttribute(k_group, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+    return TD_OK;
+}
+
+int64_t cu_mm_pack(int64_t nslots) { return nslots < 256 ? CU_MM_PACK / 2 : CU_MM_PACK; }
+
+int64_t cu_mm_group_bound(int64_t nslots, int64_t E)
+{
+    return (nslots < E ? nslots : E) + nslots / cu_mm_pack(nslots) + 1;
+}
+
+td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int32_t *n_groups, int32_t *g_mat,
+                      int32_t *g_start, int32_t *g_count, int32_t *perm, cudaStream_t s, td_err *err)
+{
+    const size_t bytes = (size_t)group_off(nslots, E) * 4 + GROUP_THREADS * sizeof(long long);
+    if (nslots < 1 || E < 1 || bytes > 227 * 1024 || nslots >= (1ll << 31) / 2)
+        return td_err_set(err, TD_ERR_RANGE, "cuda moe: grouping %lld slots over %lld experts is outside the kernel's "
+                                             "range", (long long)nslots, (long long)E);
+    k_group<<<1, GROUP_THREADS, bytes, s>>>(ids, nslots, E, (int)cu_mm_pack(nslots), n_groups, g_mat, g_start,
+                                            g_count, perm);
+    TD_CU_LAUNCHED(err, "k_group");
+    return TD_OK;
+}
+
+template <int WK, int ACT, int NTMAX>
+static td_status launch(const mm_args &a, dim3 grid, cudaStream_t s, td_err *err)
+{
+    const size_t smem = (size_t)a.xrows * (size_t)a.geo.xs_w * 4 * ((WK == 2 && ACT == 1) ? 2 : 1);
+    if (smem > MM_SMEM_MAX)
+        return td_err_set(err, TD_ERR_RANGE, "cuda moe: K = %lld needs %zu bytes of shared memory per block",
+                          (long long)a.c.W.K, smem);
+    k_mm<WK, ACT, NTMAX><<<grid, MM_MAX_WARPS * 32, smem, s>>>(a);
+    TD_CU_LAUNCHED(err, "k_mm");
+    return TD_OK;
+}
+
+template <int WK, int ACT>
+static td_status launch_nt(const mm_args &a, int ntmax, dim3 grid, cudaStream_t s, td_err *err)
+{
+    return ntmax == 1 ? launch<WK, ACT, 1>(a, grid, s, err) : launch<WK, ACT, 2>(a, grid, s, err);
+}
+
+td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
+{
+    if (c->max_groups <= 0) return TD_OK;
+    if (c->act != 1 && c->act != 2)
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "cuda moe: the tensor-core path needs act_dtype fp16 or bf16");
+    if (c->max_groups > 65535)
+        return td_err_set(err, TD_ERR_RANGE, "cuda moe: %lld groups in one launch", (long long)c->max_groups);
+    if (c->in_cols > c->W.K || (c->in_cols & 15) || (c->in_ld & 1))
+        return td_err_set(err, TD_ERR_RANGE, "cuda moe: input of %lld columns (ld %lld) for K = %lld",
+                          (long long)c->in_cols, (long long)c->in_ld, (long long)c->W.K);
+    if (!c->perm && c->pack > 2 * 8)
+        return td_err_set(err, TD_ERR_RANGE, "cuda moe: pack %lld above 16", (long long)c->pack);
+    mm_args a;
+    a.c = *c;
+    a.geo = geo_of(c->W.K);
+    /* prefill-sized calls: one warp per row tile and all chunks (8 tiles share the inputs in
+     * L1); decode-sized calls: the chunks of a tile on NC warps. Same bits either way. */
+    a.split = c->nslots < 256;
+    const int nk = a.split ? a.geo.NC : 1, rpb = MM_MAX_WARPS / nk;
+    /* staged rows: the most slots a group can hold */
+    const int64_t most = c->perm ? cu_mm_pack(c->nslots) : c->pack;
+    a.xrows = (int)(most < c->nslots ? most : c->nslots);
+    const int ntmax = a.xrows > 8 ? 2 : 1;
+    const int WK = c->W.kind == CU_W_NVFP4 ? (c->W.raw ? 1 : 0) : 2;
+    const int64_t RT = c->W.R / 16;
+    dim3 grid((unsigned)((RT + rpb - 1) / rpb), (unsigned)c->max_groups);
+    if (WK == 0) return c->act == 1 ? launch_nt<0, 1>(a, ntmax, grid, s, err) : launch_nt<0, 2>(a, ntmax, grid, s, err);
+    if (WK == 1) return c->act == 1 ? launch_nt<1, 1>(a, ntmax, grid, s, err) : launch_nt<1, 2>(a, ntmax, grid, s, err);
+    return c->act == 1 ? launch_nt<2, 1>(a, ntmax, grid, s, err) : launch_nt<2, 2>(a, ntmax, grid, s, err);
+}

@@ -1,0 +1,131 @@
+/* moe_mma.cuh — the tensor-core path of the MoE block (cuda/moe_mma.cu): NVFP4 expert weights
+ * decoded in registers and multiplied on the tensor cores (mma.sync m16n8k16, FP16 or BF16
+ * inputs, FP32 accumulation) for act_dtype=fp16|bf16; BF16 shared experts on the same path;
+ * expert grouping on the device.
+ *
+ * Device layout (cu_qmat): a set of matrices (expert x rank slice), each `rows` x `cols`, padded
+ * to R (multiple of 16) x K (multiple of 32), stored in the order the mma fragments need, so
+ * that one warp load of 256 (NVFP4) or 1024 (BF16) contiguous bytes feeds one 16-row tile for
+ * 32 columns (two 16-column blocks):
+ * - tile rows: W13 interleaves gate and up, 8 intermediate columns per tile (tile rows 0..7 gate
+ *   rows c0..c0+7, rows 8..15 up rows c0..c0+7), so one thread holds gate and up of the same
+ *   column and SwiGLU needs no exchange; W2 tiles are 16 consecutive output rows.
+ * - NVFP4 weights: per (tile rt, step ks, lane) one uint2, word b for 16-column block 2ks+b;
+ *   lane l (g = l/4, q = l%4) gets, in nibbles 0..7, the codes of (row, column) (g, 2q),
+ *   (g+8, 2q), (g, 2q+8), (g+8, 2q+8), (g, 2q+1), (g+8, 2q+1), (g, 2q+9), (g+8, 2q+9) of the
+ *   block: nibble pairs (j, j+4) are the A-fragment half2 registers j = 0..3.
+ * - prepared scales: FP16 effective scales [rt][ks][row 0..15][2 blocks]; raw scales: the
+ *   checkpoint's E4M3 bytes in the same order, plus one float2 per matrix (decode multipliers of
+ *   tile rows 0..7 and 8..15: gate and up for W13, the same value twice for W2).
+ * - BF16 weights: per (rt, ks, lane) two uint4, one per block, holding the A-fragment registers
+ *   (g, 2q..2q+1), (g+8, 2q..), (g, 2q+8..), (g+8, 2q+8..).
+ * Padding rows and columns hold code 0 / scale 0 (zero weights); padded input columns are 0.
+ *
+ * Numerics (every bit fixed by the inputs; no atomics)
+ * - E2M1 codes become FP16 `e2m1 x 2^-14` by bit placement (exact, the 0.5 code is an FP16
+ *   subnormal); BF16 activations take those values through FP32 into BF16 (exact).
+ * - Per 16-column block b of row r and token t: D = tensor-core dot of the 16 products (FP32
+ *   accumulation, the hardware's order), then acc = fma(eff(r,b) x 2^14, D, acc) in FP32, blocks
+ *   ascending. eff is the prepared FP16 effective scale; with raw storage it is recomputed in
+ *   the kernel as FP16_rn(fl32(E4M3(code) x g_dec)) (compressed-tensors: / g_enc), the same
+ *   arithmetic as the prepared scales, so raw and prepared give identical bits.
+ * - BF16 weights: acc = mma(W, x, acc) per block, blocks ascending; FP16 activations are split
+ *   exactly into hi = bf16(x) and lo = bf16(x - hi) and multiplied as two mmas (hi, then lo).
+ * - K is cut into NC contiguous chunks of steps, a function of K only (KS = K/32 steps;
+ *   NC = the smallest power of two >= ceil(KS/10), at most 8; chunk = ceil(KS/NC)); each chunk
+ *   is accumulated from +0 and the NC partial sums are added in chunk order. Whether the
+ *   chunks of a tile run on NC warps (decode-sized calls) or one after the other on one warp
+ *   (prefill-sized calls) does not change a bit. A token's result depends on its own input
+ *   row and the weights only: never on which other tokens share the group, how many there are
+ *   or where the token sits in the group (the tensor cores compute each output column from its
+ *   own column of B). Hence moe_dispatch=direct and grouped give identical bits.
+ * - Epilogue: W13 h = act_dtype(fl32(silu(gate) x up)), silu in double rounded once; W2
+ *   y = act_dtype(sum).
+ *
+ * Groups: a group is one expert (matrix) and up to CU_MM_PACK slots. Direct dispatch: group g
+ * is slot g alone. Grouped dispatch: cu_mm_group() sorts slots by expert (ascending expert,
+ * ascending slot inside an expert) and cuts each expert's list into packs of cu_mm_pack() slots.
+ * Range groups (shared expert): group g = slots g*CU_MM_PACK .. on matrix 0.
+ *
+ * Contract: launchers enqueue on `s`, check the launch and return a td_status; they neither
+ * allocate nor synchronize. cu_mm_init() must run once per device before the first launch
+ * (it raises the grouping kernel's shared-memory limit). Host packers fill caller-owned host
+ * buffers.
+ */
+#ifndef TD_CUDA_MOE_MMA_CUH
+#define TD_CUDA_MOE_MMA_CUH
+
+#include "common.cuh"
+
+/* Most slots per group (tokens sharing one read of an expert's weights): prefill-sized calls
+ * (256 slots or more) pack up to CU_MM_PACK, decode-sized calls up to CU_MM_PACK / 2 (one
+ * 8-token tensor-core tile: fewer registers, more blocks per SM). cu_mm_pack() says which. */
+#define CU_MM_PACK 16
+
+typedef struct cu_qmat {
+    int kind;              /* CU_W_NVFP4 or CU_W_BF16 */
+    int raw;               /* NVFP4: scales stored as E4M3 codes + globals */
+    int conv;              /* raw: 0 ModelOpt (code x g), 1 compressed-tensors (code / g) */
+    int64_t rows, cols;    /* logical shape of one matrix */
+    int64_t R, K;          /* padded: R % 16 == 0, K % 32 == 0 */
+    const uint8_t *w;      /* matrix 0 */
+    const uint8_t *s;      /* prepared: FP16 scales; raw: E4M3 codes (NVFP4 only) */
+    const float2 *g;       /* raw: decode multipliers per matrix */
+    int64_t mat_w, mat_s;  /* bytes per matrix */
+} cu_qmat;
+
+/* Padded geometry and byte sizes of one matrix of the layout above. */
+void cu_qmat_geometry(int kind, int64_t rows, int64_t cols, int64_t *R, int64_t *K, int64_t *wbytes,
+                      int64_t *sbytes_prepared, int64_t *sbytes_raw);
+
+/* Pack one NVFP4 matrix. row_w[r] / row_s[r] (r < rows) point at the packed E2M1 bytes and
+ * the E4M3 scale bytes of logical row r, already offset to its first column (NULL: a zero
+ * row); cols valid columns (multiple of 16). With raw == 0 scales become FP16 effective
+ * scales of (code, global, conv) (core/nvfp4.h td_nvfp4_block_factor, rounded to FP16);
+ * with raw != 0 the codes are copied. `w` and `s` are sized by cu_qmat_geometry. */
+void cu_pack_nvfp4(const uint8_t *const *row_w, const uint8_t *const *row_s, const float *row_global, int conv,
+                   int raw, int64_t rows, int64_t cols, uint8_t *w, uint8_t *s);
+
+/* Pack one BF16 matrix: row_w[r] points at logical row r's first element (uint16 BF16). */
+void cu_pack_bf16(const uint16_t *const *row_w, int64_t rows, int64_t cols, uint8_t *w);
+
+td_status cu_mm_init(td_err *err);
+
+/* Grouped dispatch: ids [nslots] (expert of each slot, 0 <= id < E) -> n_groups [1],
+ * g_mat [G], g_start [G], g_count [G], perm [nslots] with G = cu_mm_group_bound(nslots, E). */
+int64_t cu_mm_pack(int64_t nslots);
+int64_t cu_mm_group_bound(int64_t nslots, int64_t E);
+td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int32_t *n_groups, int32_t *g_mat,
+                      int32_t *g_start, int32_t *g_count, int32_t *perm, cudaStream_t s, td_err *err);
+
+typedef enum cu_mm_epi { CU_MM_SWIGLU = 0, CU_MM_STORE, CU_MM_F32 } cu_mm_epi;
+
+/* One projection over groups.
+ * - mat_of_expert: matrix index = expert * mats_per_expert + mat_off.
+ * - groups: perm == NULL -> range groups (g covers slots g*pack .. g*pack+pack-1 < nslots,
+ *   pack = 1 for direct dispatch with `ids`, CU_MM_PACK for shared experts with ids == NULL);
+ *   perm != NULL -> device groups from cu_mm_group (n_groups read on the device).
+ * - input row of slot s: in16 + (s / in_div) * in_ld, FP16 (act 1) or BF16 (act 2) bit
+ *   patterns; in_cols valid columns (multiple of 16, <= K).
+ * - output: SWIGLU: out[s * out_ld + c] for c < out_n (= rows / 2, intermediate columns),
+ *   rounded to act; STORE: out[s * out_ld + r] for r < out_n (= rows), rounded to act; F32:
+ *   the same without rounding. `out` (float) and `out16` (16-bit, same index) may each be NULL.
+ * act: 1 fp16, 2 bf16. max_groups: the grid's group dimension (>= the number of groups). */
+typedef struct cu_mm_call {
+    cu_qmat W;
+    int64_t mats_per_expert, mat_off;
+    const int32_t *ids;          /* range groups with pack 1: expert of slot g */
+    int64_t nslots, pack;
+    const int32_t *n_groups, *g_mat, *g_start, *g_count, *perm;
+    int64_t max_groups;
+    const uint16_t *in16;
+    int64_t in_ld, in_div, in_cols;
+    float *out;
+    uint16_t *out16;
+    int64_t out_ld, out_n;
+    int epi, act;
+} cu_mm_call;
+
+td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err);
+
+#endif /* TD_CUDA_MOE_MMA_CUH */

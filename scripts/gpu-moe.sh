@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# gpu-moe.sh OUT [SECTION...] — the CUDA engine's checks and benches on the GPU machine, run
+# from the repository root after `make device-bundle` (binaries in build/device). Logs go to
+# OUT/logs/*.txt, the bench's timings to OUT/bench.db. Sections (default: all):
+#   tests     tests/gpu/test_cuda_moe (every cuda-vs-ref pair, exact pairs, M sweep, admission)
+#   bench     bench/gpu/moe_decode at the production shape (fp16/bf16, prepared/raw,
+#             direct/grouped, TP1 and the TP4 slice), with the cuBLAS BF16 baseline
+#   audit     tandem audit layer on flash-next-moe-layer (3 layers) and on edge
+#   sanitize  compute-sanitizer memcheck and racecheck on a small bench run
+set -u
+out=$1; shift
+secs=${*:-tests bench audit sanitize}
+B=$PWD/build/device
+mkdir -p "$out/logs"
+export TD_TEST_TMP=/tmp/tdt; mkdir -p $TD_TEST_TMP
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/logs/gpu.txt" 2>&1
+cublas=$(ls /usr/local/cuda/lib64/libcublas.so.* 2>/dev/null | head -1)
+[ -z "$cublas" ] && cublas=$(python3 -c 'import nvidia.cublas, os; d=os.path.join(list(nvidia.cublas.__path__)[0], "lib"); print(os.path.join(d, sorted(f for f in os.listdir(d) if f.startswith("libcublas.so"))[0]))' 2>/dev/null)
+[ -z "$cublas" ] && cublas=$(find / -name 'libcublas.so.*' -not -path '*/proc/*' 2>/dev/null | head -1)
+echo "cublas: $cublas" >> "$out/logs/gpu.txt"
+t() { local name=$1; shift; local t0=$(date +%s); "$@" > "$out/logs/$name.txt" 2>&1; local rc=$?;
+      printf "%-28s rc=%d %ss\n" "$name" $rc $(( $(date +%s) - t0 )); }
+for s in $secs; do case $s in
+tests)
+  t test_cuda_moe $B/test_cuda_moe ;;
+bench)
+  for cfg in "--act fp16" "--act fp16 --dispatch grouped" "--act fp16 --storage raw" "--act bf16" \
+             "--act bf16 --dispatch grouped" "--act fp16 --tp 4" "--act fp16 --tp 4 --dispatch grouped"; do
+    n=bench_$(echo $cfg | tr -d '-' | tr ' ' '_')
+    t $n $B/moe_decode $cfg --cublas "$cublas" --db "$out/bench.db"
+  done ;;
+audit)
+  t gen_fml $B/tandem gen --preset flash-next-moe-layer --layers 0,23,47 --out /tmp/fml3 --seed 1
+  t gen_edge $B/tandem gen --preset edge --out /tmp/edge --seed 1
+  t audit_fml $B/tandem audit layer --model /tmp/fml3 --layers 0,23,47 --ranks 0,3 --tokens 1,4,8,16,784 \
+    --pair ref,cuda --pair ref,cuda:act_dtype=fp16 \
+    --pair 'ref:scale=fp16,act_dtype=fp16,cuda:act_dtype=fp16' \
+    --pair 'ref:scale=fp16,act_dtype=bf16,cuda:act_dtype=bf16' \
+    --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,storage=raw' \
+    --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,graphs=on' \
+    --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,moe_dispatch=grouped@exact' \
+    --pair 'cuda:act_dtype=bf16,storage=raw,cuda:act_dtype=bf16,moe_dispatch=grouped,graphs=on@exact' \
+    --db "$out/audit.db" --no-progress
+  t audit_edge_prepared $B/tandem audit layer --model /tmp/edge --pair 'ref:scale=fp16,act_dtype=fp16,cuda:act_dtype=fp16' \
+    --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,moe_dispatch=grouped,graphs=on@exact' --db "$out/audit.db" --no-progress
+  t audit_edge_raw $B/tandem audit layer --model /tmp/edge --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,storage=raw' --db "$out/audit.db" --no-progress ;;
+sanitize)
+  t memcheck compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --experts 64 --M 1,5,16,40 --iters 3 --sets 2 --act fp16 --dispatch grouped
+  t memcheck_raw compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --experts 64 --M 3,17 --iters 3 --sets 2 --act bf16 --storage raw --tp 4
+  t racecheck compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 512 --inter 256 --shared 256 --M 1,9 --iters 2 --sets 1 --act fp16 --dispatch grouped ;;
+esac; done
