@@ -37,12 +37,14 @@
  * - td_generate with batch widths 1 and 3 gives identical completions; compare reports -1 for
  *   equal completions and the first differing position with both margins otherwise;
  * - `tandem run` with two identical variants reports identical hashes (exit 0) and writes
- *   the db; hostile prompt files (bad JSON, empty array, non-integer, out-of-vocabulary id,
+ *   the db, where `tandem db completions` finds every completion with its 4 token ids and
+ *   --diverged none; hostile prompt files (bad JSON, empty array, non-integer, out-of-vocabulary id,
  *   duplicate id) exit 2 with a message naming file and line.
  */
 #include "test_common.h"
 #include "audit/completion.h"
 #include "audit/engines.h"
+#include <cjson/cJSON.h>
 #include "engine.h"
 #include "formats.h"
 #include "gen.h"
@@ -547,6 +549,32 @@ static void run_cli_hashes_and_hostile_prompts(void **state)
     assert_int_equal(run_cli("[1, 2, 3]\n{\"id\": \"b\", \"tokens\": [7]}\n", extra, &out), 0);
     assert_non_null(strstr(out, "8 of 8 completions equal"));
     free(out);
+    /* the store keeps the token ids; identical variants have no divergence */
+    const char *t = getenv("TD_TANDEM");
+    if (!t) t = "build/release/tandem";
+    const char *jl = td_test_path("completions.json");
+    assert_int_equal(td_test_sh("%s db completions latest --db %s --json > %s", t, td_test_path("run.db"), jl), 0);
+    char *js = td_test_slurp(jl, NULL);
+    assert_non_null(js);
+    cJSON *arr = cJSON_Parse(js);
+    free(js);
+    assert_int_equal(cJSON_GetArraySize(arr), 8);
+    const cJSON *row;
+    cJSON_ArrayForEach(row, arr) {
+        const cJSON *ids = cJSON_GetObjectItem(row, "token_ids");
+        assert_int_equal(cJSON_GetArraySize(ids), 4);
+        assert_true(cJSON_IsNull(cJSON_GetObjectItem(row, "first_divergence")));
+    }
+    cJSON_Delete(arr);
+    assert_int_equal(td_test_sh("%s db completions latest --db %s --diverged --json > %s", t, td_test_path("run.db"),
+                                jl), 0);
+    js = td_test_slurp(jl, NULL);
+    assert_non_null(js);
+    arr = cJSON_Parse(js);
+    free(js);
+    assert_true(cJSON_IsArray(arr));
+    assert_int_equal(cJSON_GetArraySize(arr), 0);
+    cJSON_Delete(arr);
     static const struct { const char *text, *needle; } bad[] = {
         {"[1, 2\n", ":1"},
         {"[1]\n[]\n", ":2: expected a non-empty array"},
