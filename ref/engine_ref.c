@@ -9,9 +9,15 @@
  * quantization metadata says); the embedding is NVFP4 only when its block scales exist. Per sequence the engine keeps a KV cache per
  * attention layer (grown by doubling) and a conv state and FP32 recurrent state per GDN layer;
  * prefill of an existing id restarts it. Decode batches are processed item by item in order.
- * prefill/decode need act_dtype=fp32 and an unsharded result (tp_size 1 or tp_rank=all);
- * `accum` applies to every linear (attention/GDN internals stay float32). Taps: L{l}.attn.out
- * or L{l}.gdn.out, the MoE taps, L{l}.resid, final.hidden, logits (of the last token).
+ * prefill/decode need an unsharded result (tp_size 1 or tp_rank=all; the mixers' output
+ * projections and the MoE block reduce the emulated ranks in rank order); act_dtype rounds the
+ * embedding, the mixer inputs and outputs, the residual stream after each add, the MoE points
+ * and the final-norm output (docs/ref-model.md). `accum` applies to every linear
+ * (attention/GDN internals stay float32). Taps: L{l}.attn.out or L{l}.gdn.out, the MoE taps,
+ * L{l}.resid, final.hidden, logits (of the last token).
+ *
+ * run_block: moe and router (any family); attn and gdn (qwen3_next) on normed activations from
+ * a fresh state (an engine-owned scratch KV cache / GDN state, reset per call).
  *
  * Loading: config.json, the quantization metadata and the tensor namespace (td_st_set) are
  * read at load; the tensors of a layer are looked up, checked (dtype, shape, scalar globals,
