@@ -194,14 +194,14 @@ static void bench_layer(const int *threads, int nt, int64_t ctx)
             ref_gdn_state gs = {0};
             if (ref_gdn_state_init(&gs, &gd, &err)) die("gdn state", &err);
             ref_kv kv = {0};
-            if (ref_attn_run(&aw, &ad, &nx, pool, &aws, &kv, x, ctx, y, &err)) die("attn ctx", &err);
+            if (ref_attn_run(&aw, &ad, &nx, &REF_ROWPAR_PLAIN, pool, &aws, &kv, x, ctx, y, &err)) die("attn ctx", &err);
             const int64_t ms[2] = {1, M};
             for (int j = 0; j < 2; j++) {
                 double t0 = now_s();
-                if (ref_gdn_run(&gw, &gd, &nx, pool, &gws, &gs, x, ms[j], y, &err)) die("gdn", &err);
+                if (ref_gdn_run(&gw, &gd, &nx, &REF_ROWPAR_PLAIN, pool, &gws, &gs, x, ms[j], y, &err)) die("gdn", &err);
                 double t1 = now_s();
                 kv.len = ctx;
-                if (ref_attn_run(&aw, &ad, &nx, pool, &aws, &kv, x, ms[j], y, &err)) die("attn", &err);
+                if (ref_attn_run(&aw, &ad, &nx, &REF_ROWPAR_PLAIN, pool, &aws, &kv, x, ms[j], y, &err)) die("attn", &err);
                 double t2 = now_s();
                 if (ref_moe_run(&mw, &mo, pool, &mws, x, ms[j], NULL, NULL, y, &err)) die("moe", &err);
                 double t3 = now_s();

@@ -426,6 +426,52 @@ static int db_show(opts *o)
     return 0;
 }
 
+/* ---- completions ---- */
+
+static const opt_spec completions_spec[] = {{"diverged", false, false}, {"tokens", false, false}};
+
+static int db_completions(opts *o)
+{
+    if (o->n_pos != 1) {
+        errf(o->sub, "expected one run (see 'tandem db completions --help')");
+        return 2;
+    }
+    td_db *db;
+    int rc = open_store(o, false, &db);
+    if (rc) return rc;
+    int64_t id;
+    if ((rc = resolve(o, db, o->pos[0], &id))) { td_db_close(db); return rc; }
+    cJSON *res;
+    td_err err;
+    if (td_db_completions(db, id, opt_get(o, "diverged") != NULL, &res, &err) != TD_OK) return fail(o, db, &err);
+    if (o->json) {
+        print_json(res);
+    } else {
+        static const table_col cols[] = {
+            {"VARIANT", "variant", CELL_STR},   {"BATCH", "batch", CELL_NUM},
+            {"REQUEST", "request", CELL_STR},   {"TOKENS", "length", CELL_NUM},
+            {"HASH", "hash", CELL_SHORT},       {"REFERENCE", "reference", CELL_STR},
+            {"DIVERGES", "first_divergence", CELL_NUM}, {"MARGIN", "margin", CELL_NUM},
+            {"REF MARGIN", "reference_margin", CELL_NUM},
+        };
+        print_table(res, cols, TD_ARRAY_LEN(cols), 0);
+        if (opt_get(o, "tokens")) {
+            const cJSON *r;
+            cJSON_ArrayForEach(r, res) {
+                const cJSON *t = cJSON_GetObjectItemCaseSensitive(r, "token_ids");
+                char *txt = t && !cJSON_IsNull(t) ? cJSON_PrintUnformatted(t) : NULL;
+                const char *v = jstr(r, "variant"), *q = jstr(r, "request");
+                printf("%s b%lld %s: %s\n", v ? v : "", (long long)jnum_or(r, "batch", 0), q ? q : "",
+                       txt ? txt : "(not stored)");
+                cJSON_free(txt);
+            }
+        }
+    }
+    cJSON_Delete(res);
+    td_db_close(db);
+    return 0;
+}
+
 /* ---- compare ---- */
 
 static const opt_spec compare_spec[] = {{"limit", true, false}};
@@ -854,6 +900,14 @@ static const subcmd subcmds[] = {
      "RUN is a run id, a uid or uid prefix (>= 4 characters), 'latest' or 'latest:KIND'.\n"
      "Shows provenance, result counts, the layer verdict summary, the first failing\n"
      "comparisons and the baselines that point at the run.\n"},
+    {"completions", db_completions, completions_spec, TD_ARRAY_LEN(completions_spec), 1,
+     "the completions of a `tandem run`: hashes, divergences, margins, token ids",
+     "usage: tandem db completions RUN [--diverged] [--tokens] [--json]\n\n"
+     "One row per completion (variant, batch width, request): length, hash, the variant it was\n"
+     "compared with, the first position where it differs (empty when equal) and the top-1\n"
+     "minus top-2 logit margin of this variant and of the reference there.\n\n"
+     "  --diverged   only completions that differ from their reference\n"
+     "  --tokens     also print each completion's token ids (stored from schema version 4)\n"},
     {"compare", db_compare, compare_spec, TD_ARRAY_LEN(compare_spec), 2, "metric deltas between two runs",
      "usage: tandem db compare RUN_A RUN_B [--limit N] [--json]\n\n"
      "Matches layer comparisons by (tap, rank, tokens, variant pair) and lists A's and B's\n"

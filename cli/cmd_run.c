@@ -361,7 +361,8 @@ int cmd_run(int argc, char **argv)
                     const td_db_completion_row row = {
                         .variant = vtext[v], .batch = (int32_t)batches[b], .request = pr[i].id, .rep = 0,
                         .length = c->n, .hash = c->hash, .reference = is_ref ? NULL : vtext[0],
-                        .first_divergence = is_ref ? -1 : d.pos, .margin = d.pos < 0 ? (double)NAN : d.margin_a};
+                        .first_divergence = is_ref ? -1 : d.pos, .margin = d.pos < 0 ? (double)NAN : d.margin_a,
+                        .tokens = c->tokens, .reference_margin = d.pos < 0 ? (double)NAN : d.margin_b};
                     if (td_db_put_completion(db, run_id, &row, &err)) {
                         fprintf(stderr, PREFIX "%s\n", err.msg);
                         rc = 2;

@@ -39,13 +39,21 @@
  *                      output: routed experts plus the gated shared expert; with tp_size > 1
  *                      one rank's partial sum, or the rank-ordered reduction for tp_rank=all)
  *     TD_BLOCK_ROUTER  input [n_tokens, hidden] -> output [n_tokens, num_experts] (logits)
+ *     TD_BLOCK_ATTN    input [n_tokens, hidden] (after the layer's input_layernorm) -> output
+ *     TD_BLOCK_GDN     [n_tokens, hidden] (the token mixer's output before the residual add:
+ *                      gated attention of a full_attention layer / Gated DeltaNet of a
+ *                      linear_attention layer), computed from a fresh state on every call
+ *                      (empty KV cache, zero conv and recurrent state: the prefill of n_tokens
+ *                      of a new sequence), so a call is self-contained; with tp_size > 1 one
+ *                      rank's output-projection partial, or the rank-ordered reduction for
+ *                      tp_rank=all. The wrong block for the layer's type is TD_ERR_ARG.
  *   Activations are float32 in both directions; values are representable in act_dtype where
  *   the engine rounds (docs/engine.md lists the rounding points). For TD_BLOCK_MOE the caller
  *   may impose routes (route_ids and route_weights, [n_tokens, top_k] each) instead of the
  *   checkpoint's router; an id outside [0, num_experts) fails with TD_ERR_RANGE naming the
- *   token, slot and id, and nothing is read out of bounds. Other blocks (attention, GDN, HC,
- *   PLE) are TD_ERR_UNSUPPORTED until the full-model issues implement them, as are prefill
- *   and decode: never a silent no-op.
+ *   token, slot and id, and nothing is read out of bounds. Blocks an engine does not implement
+ *   (HC, PLE until the qwen4_exp model; every block on engines without it) and models without
+ *   prefill/decode are TD_ERR_UNSUPPORTED: never a silent no-op.
  * - The common checks (non-NULL buffers, 1 <= n_tokens <= TD_ENGINE_MAX_TOKENS, layer within
  *   the model, route arrays given together) are done here before the engine is called.
  *
@@ -185,8 +193,8 @@ td_dtype td_act_dtype_tensor(td_act_dtype a);
 typedef enum td_block {
     TD_BLOCK_MOE = 0,      /* MoE block (router, top-k, routed experts, gated shared expert) */
     TD_BLOCK_ROUTER,       /* router logits only */
-    TD_BLOCK_ATTN,         /* gated / QSA attention (full-model issues) */
-    TD_BLOCK_GDN,          /* Gated DeltaNet (full-model issues) */
+    TD_BLOCK_ATTN,         /* gated attention (ref: qwen3_next); QSA with the qwen4_exp model */
+    TD_BLOCK_GDN,          /* Gated DeltaNet */
     TD_BLOCK_HC_MIX,       /* hyper-connection mix (full-model issues) */
     TD_BLOCK_HC_COMBINE,   /* hyper-connection combine (full-model issues) */
     TD_BLOCK_PLE,          /* per-layer n-gram embedding (full-model issues) */
@@ -201,7 +209,7 @@ typedef struct td_block_call {
     td_block block;
     int64_t n_tokens;            /* M, 1..TD_ENGINE_MAX_TOKENS */
     const float *input;          /* [n_tokens, hidden] */
-    float *output;               /* MOE: [n_tokens, hidden]; ROUTER: [n_tokens, num_experts] */
+    float *output;               /* MOE, ATTN, GDN: [n_tokens, hidden]; ROUTER: [n_tokens, num_experts] */
     const int32_t *route_ids;    /* MOE, optional: [n_tokens, top_k] imposed routes */
     const float *route_weights;  /* with route_ids: [n_tokens, top_k] combine weights */
 } td_block_call;

@@ -44,7 +44,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define TD_DB_SCHEMA_VERSION 3          /* PRAGMA user_version of a current store */
+#define TD_DB_SCHEMA_VERSION 4          /* PRAGMA user_version of a current store */
 #define TD_DB_APPLICATION_ID 0x54444442 /* PRAGMA application_id: "TDDB" */
 #define TD_DB_DEFAULT_PATH "tandem.db"  /* when neither --db nor TANDEM_DB is given */
 #define TD_DB_BUSY_TIMEOUT_MS 30000     /* long enough for a peer's large batch to commit */
@@ -178,6 +178,10 @@ typedef struct td_db_completion_row {
     const char *reference;  /* variant it was compared with, or NULL */
     int64_t first_divergence; /* first differing token index vs reference, -1 when equal */
     double margin;          /* top-1 logit margin at the divergence, NAN when none */
+    const int32_t *tokens;  /* [length] generated token ids, or NULL (token_ids stored NULL);
+                             * stored as a JSON array text "[1,2,3]" */
+    double reference_margin; /* the reference's margin at the divergence; stored only when
+                              * first_divergence >= 0 and the value is not NAN */
 } td_db_completion_row;
 
 /* One quality score. Key: (suite, metric, variant). The gate is `value >= threshold` when

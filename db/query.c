@@ -289,6 +289,45 @@ td_status td_db_run_show(td_db *db, int64_t run_id, cJSON **out, td_err *err)
     return TD_OK;
 }
 
+td_status td_db_completions(td_db *db, int64_t run_id, bool diverged_only, cJSON **out, td_err *err)
+{
+    *out = NULL;
+    sqlite3_stmt *st;
+    td_status s = td_db_prepare(db,
+                                diverged_only
+                                    ? "SELECT variant, batch, request, rep, length, hash, reference, "
+                                      "first_divergence, margin, reference_margin, token_ids FROM completions "
+                                      "WHERE run_id = ?1 AND first_divergence IS NOT NULL "
+                                      "ORDER BY variant, batch, request, rep"
+                                    : "SELECT variant, batch, request, rep, length, hash, reference, "
+                                      "first_divergence, margin, reference_margin, token_ids FROM completions "
+                                      "WHERE run_id = ?1 ORDER BY variant, batch, request, rep",
+                                &st, err);
+    if (s != TD_OK) return s;
+    cJSON *arr = cJSON_CreateArray();
+    if (!arr) { sqlite3_finalize(st); return nomem(err); }
+    sqlite3_bind_int64(st, 1, run_id);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        cJSON *r = cJSON_CreateObject();
+        if (!r) { rc = SQLITE_NOMEM; break; }
+        cJSON_AddItemToArray(arr, r);
+        td_db_row_json(st, 0, r);
+        /* token ids are stored as JSON text; hand them out as an array (text kept if foreign) */
+        cJSON *t = cJSON_GetObjectItemCaseSensitive(r, "token_ids");
+        if (cJSON_IsString(t)) {
+            cJSON *parsed = cJSON_Parse(t->valuestring);
+            if (cJSON_IsArray(parsed)) cJSON_ReplaceItemInObjectCaseSensitive(r, "token_ids", parsed);
+            else cJSON_Delete(parsed);
+        }
+    }
+    if (rc != SQLITE_DONE) s = rc == SQLITE_NOMEM ? nomem(err) : td_db_sqlerr(db->h, rc, err, db->path);
+    sqlite3_finalize(st);
+    if (s != TD_OK) { cJSON_Delete(arr); return s; }
+    *out = arr;
+    return TD_OK;
+}
+
 td_status td_db_info(td_db *db, bool check, cJSON **out, td_err *err)
 {
     *out = NULL;

@@ -62,6 +62,10 @@ td_status td_db_runs_list(td_db *db, const td_db_runs_filter *f, cJSON **out, td
 /* Everything about one run: all provenance columns, result counts per table, layer verdict
  * summary, baselines pointing at it. */
 td_status td_db_run_show(td_db *db, int64_t run_id, cJSON **out, td_err *err);
+/* The completions of one run (ordered by variant, batch, request, rep): every column of the
+ * completions table, token_ids as a JSON array (null when not stored). With `diverged_only`,
+ * only those that differ from their reference (first_divergence not NULL). */
+td_status td_db_completions(td_db *db, int64_t run_id, bool diverged_only, cJSON **out, td_err *err);
 /* Path, schema version, row counts; with `check`, PRAGMA integrity_check. */
 td_status td_db_info(td_db *db, bool check, cJSON **out, td_err *err);
 

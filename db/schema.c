@@ -151,7 +151,12 @@ static const char schema_v3[] =
     "         r.checkpoint_fingerprint, c.*\n"
     "  FROM layer_cmp c JOIN runs r ON r.id = c.run_id;\n";
 
-static const char *const schema_steps[] = {schema_v1, schema_v2, schema_v3};
+/* v4: completions keep their token ids and the reference's margin at the divergence. */
+static const char schema_v4[] =
+    "ALTER TABLE completions ADD COLUMN token_ids TEXT;\n"
+    "ALTER TABLE completions ADD COLUMN reference_margin REAL;\n";
+
+static const char *const schema_steps[] = {schema_v1, schema_v2, schema_v3, schema_v4};
 _Static_assert(TD_ARRAY_LEN(schema_steps) == TD_DB_SCHEMA_VERSION,
                "one migration step per schema version");
 
@@ -208,6 +213,7 @@ static const td_db_col completion_cols[] = {
     COL("variant", TEXT, true),   COL("batch", INT, true),           COL("request", TEXT, true),
     COL("rep", INT, false),       COL("length", INT, true),          COL("hash", TEXT, true),
     COL("reference", TEXT, false), COL("first_divergence", INT, false), COL("margin", REAL, false),
+    COL("token_ids", TEXT, false), COL("reference_margin", REAL, false),
 };
 static const td_db_col quality_cols[] = {
     COL("suite", TEXT, true),     COL("metric", TEXT, true),  COL("variant", TEXT, false),

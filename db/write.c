@@ -3,7 +3,9 @@
 #include "db_int.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const put_sql[TD_DB_PUT_COUNT] = {
@@ -20,7 +22,8 @@ static const char *const put_sql[TD_DB_PUT_COUNT] = {
         "INSERT INTO scale_census (run_id, tensor, code, count) VALUES (?1, ?2, ?3, ?4)",
     [TD_DB_PUT_COMPLETION] =
         "INSERT INTO completions (run_id, variant, batch, request, rep, length, hash, reference, "
-        "first_divergence, margin) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        "first_divergence, margin, token_ids, reference_margin) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
+        "?9, ?10, ?11, ?12)",
     [TD_DB_PUT_QUALITY] =
         "INSERT INTO quality (run_id, suite, metric, variant, value, stderr, n, threshold, "
         "higher_is_better, pass) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
@@ -273,6 +276,25 @@ static td_status bind_completion(td_db *db, sqlite3_stmt *st, int64_t run_id, co
     td_db_bind_text(st, 8, r->reference);
     td_db_bind_count(st, 9, r->first_divergence);
     td_db_bind_real(st, 10, r->margin);
+    if (r->tokens) {
+        /* "[" + up to 12 characters per id ("-2147483648,") + "]" */
+        if (r->length > (INT32_MAX - 3) / 12)
+            return td_err_set(err, TD_ERR_ARG, "completion %s: %lld tokens is too long", r->request,
+                              (long long)r->length);
+        const size_t cap = (size_t)r->length * 12 + 3;
+        char *txt = malloc(cap);
+        if (!txt) return td_err_set(err, TD_ERR_NOMEM, "completion %s: out of memory (token ids)", r->request);
+        size_t o = 0;
+        txt[o++] = '[';
+        for (int64_t i = 0; i < r->length; i++)
+            o += (size_t)snprintf(txt + o, cap - o, "%s%d", i ? "," : "", (int)r->tokens[i]);
+        txt[o++] = ']';
+        txt[o] = 0;
+        sqlite3_bind_text(st, 11, txt, (int)o, free);
+    } else {
+        sqlite3_bind_null(st, 11);
+    }
+    td_db_bind_real(st, 12, r->first_divergence >= 0 ? r->reference_margin : (double)NAN);
     return TD_OK;
 }
 

@@ -25,6 +25,7 @@ void ref_attn_ws_free(ref_attn_ws *ws)
     free(ws->o);
     free(ws->rope);
     free(ws->scores);
+    free(ws->partial);
     *ws = (ref_attn_ws){0};
 }
 
@@ -106,13 +107,18 @@ static void head_item(void *ctx, int64_t item, int worker)
 }
 
 td_status ref_attn_run(const ref_attn_weights *w, const ref_attn_dims *d, const ref_numerics *nx,
-                       ref_pool *pool, ref_attn_ws *ws, ref_kv *kv, const float *x, int64_t m,
+                       const ref_rowpar *rp, ref_pool *pool, ref_attn_ws *ws, ref_kv *kv, const float *x, int64_t m,
                        float *out, td_err *err)
 {
     const int64_t H = d->hidden, hd = d->head_dim, W = d->kv_heads * hd, Q = d->heads * hd;
     const int64_t len0 = kv->len, n_max = len0 + m, workers = ref_pool_threads(pool);
     int64_t cols = H > Q ? H : Q;
-    td_status st = kv_reserve(kv, n_max, W, err);
+    if (rp->tp_size < 1 || d->heads % rp->tp_size)
+        return td_err_set(err, TD_ERR_RANGE, "ref attention: tp_size %d does not divide the %lld query heads",
+                          rp->tp_size, (long long)d->heads);
+    td_status st = ref_rowpar_check(&w->o, rp, err);
+    if (st) return st;
+    st = kv_reserve(kv, n_max, W, err);
     if (!st) st = ref_mm_reserve(&ws->mm, (int)workers, m, cols, err);
     if (!st) st = ref_grow(&ws->qg, &ws->cap_qg, m * 2 * Q, err);
     if (!st) st = ref_grow(&ws->q, &ws->cap_q, m * Q, err);
@@ -121,6 +127,7 @@ td_status ref_attn_run(const ref_attn_weights *w, const ref_attn_dims *d, const 
     if (!st) st = ref_grow(&ws->o, &ws->cap_o, m * Q, err);
     if (!st) st = ref_grow(&ws->rope, &ws->cap_rope, m * d->rot, err);
     if (!st) st = ref_grow(&ws->scores, &ws->cap_scores, workers * 2 * n_max, err);
+    if (!st && rp->tp_size > 1) st = ref_grow(&ws->partial, &ws->cap_partial, m * H, err);
     if (st) return st;
     ref_mm(&w->q, nx, pool, &ws->mm, x, H, m, ws->qg, 2 * Q);
     ref_mm(&w->k, nx, pool, &ws->mm, x, H, m, ws->k, W);
@@ -129,6 +136,5 @@ td_status ref_attn_run(const ref_attn_weights *w, const ref_attn_dims *d, const 
     ref_pool_run(pool, m, prep_item, &c);
     ref_pool_run(pool, m * d->heads, head_item, &c);
     kv->len = n_max;
-    ref_mm(&w->o, nx, pool, &ws->mm, ws->o, Q, m, out, H);
-    return TD_OK;
+    return ref_mm_rowpar(&w->o, nx, rp, pool, &ws->mm, ws->o, Q, m, out, H, ws->partial, err);
 }

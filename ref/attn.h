@@ -11,7 +11,12 @@
  *      s_j = fl32(fl32(q . k_j) * scale), scale = fl32(1 / sqrt(head_dim)), the dot from +0
  *      in ascending dimension order; causal softmax in float32 as ref_softmax (moe.h);
  *      o[d] = sum over j ascending of fl32(p_j * v_j[d]) from +0.
- *   4. o_h[d] <- fl32(o_h[d] * sigmoid(g_h[d])) (ref_sigmoid), out = o_proj concat_h(o_h).
+ *   4. o_h[d] <- fl32(o_h[d] * sigmoid(g_h[d])) (ref_sigmoid), out = o_proj concat_h(o_h),
+ *      computed as a row-parallel linear under `rp` (rowpar.h): with tp_size T (which must
+ *      divide heads, so a rank holds whole heads) rank r's partial uses the o_proj columns of
+ *      heads [r heads/T, (r+1) heads/T); tp_rank = all reduces the ranks in rank order; the
+ *      output is rounded to rp->act. Steps 1-3 do not depend on TP (every head is computed
+ *      alone), so only this projection is split.
  * The dots and sums of steps 2-3 are float32 for every accum (accum concerns the linears).
  * Work is split across tokens (steps 2) and (token, head) pairs (step 3); every value is
  * computed by one thread in the order above, so results do not depend on the thread count,
@@ -24,7 +29,7 @@
 #ifndef TD_REF_ATTN_H
 #define TD_REF_ATTN_H
 
-#include "mm.h"
+#include "rowpar.h"
 
 typedef struct ref_attn_dims {
     int64_t hidden, heads, kv_heads, head_dim, rot;
@@ -51,14 +56,15 @@ typedef struct ref_attn_ws {
     float *o;                   /* [M, heads * head_dim] gated attention output (o_proj input) */
     float *rope;                /* [M, rot] cos [rot/2] then sin [rot/2] per token */
     float *scores;              /* [workers, 2, len] scores then probabilities per worker */
-    int64_t cap_qg, cap_q, cap_k, cap_v, cap_o, cap_rope, cap_scores; /* floats allocated */
+    float *partial;             /* [M, hidden] one TP rank's o_proj partial (rowpar.h) */
+    int64_t cap_qg, cap_q, cap_k, cap_v, cap_o, cap_rope, cap_scores, cap_partial; /* floats allocated */
 } ref_attn_ws;
 
 void ref_kv_free(ref_kv *kv);
 void ref_attn_ws_free(ref_attn_ws *ws);
 
 td_status ref_attn_run(const ref_attn_weights *w, const ref_attn_dims *d, const ref_numerics *nx,
-                       ref_pool *pool, ref_attn_ws *ws, ref_kv *kv, const float *x, int64_t m,
+                       const ref_rowpar *rp, ref_pool *pool, ref_attn_ws *ws, ref_kv *kv, const float *x, int64_t m,
                        float *out, td_err *err);
 
 #endif /* TD_REF_ATTN_H */

@@ -9,9 +9,15 @@
  * quantization metadata says); the embedding is NVFP4 only when its block scales exist. Per sequence the engine keeps a KV cache per
  * attention layer (grown by doubling) and a conv state and FP32 recurrent state per GDN layer;
  * prefill of an existing id restarts it. Decode batches are processed item by item in order.
- * prefill/decode need act_dtype=fp32 and an unsharded result (tp_size 1 or tp_rank=all);
- * `accum` applies to every linear (attention/GDN internals stay float32). Taps: L{l}.attn.out
- * or L{l}.gdn.out, the MoE taps, L{l}.resid, final.hidden, logits (of the last token).
+ * prefill/decode need an unsharded result (tp_size 1 or tp_rank=all; the mixers' output
+ * projections and the MoE block reduce the emulated ranks in rank order); act_dtype rounds the
+ * embedding, the mixer inputs and outputs, the residual stream after each add, the MoE points
+ * and the final-norm output (docs/ref-model.md). `accum` applies to every linear
+ * (attention/GDN internals stay float32). Taps: L{l}.attn.out or L{l}.gdn.out, the MoE taps,
+ * L{l}.resid, final.hidden, logits (of the last token).
+ *
+ * run_block: moe and router (any family); attn and gdn (qwen3_next) on normed activations from
+ * a fresh state (an engine-owned scratch KV cache / GDN state, reset per call).
  *
  * Loading: config.json, the quantization metadata and the tensor namespace (td_st_set) are
  * read at load; the tensors of a layer are looked up, checked (dtype, shape, scalar globals,
@@ -78,6 +84,10 @@ typedef struct ref_engine {
     ref_attn_ws aws;
     ref_gdn_ws gws;
     ref_mm_ws mmws;
+    ref_rowpar rp;              /* TP split and act_dtype of the mixers' output projections */
+    ref_kv blk_kv;              /* run_block: the attention block's fresh cache (reset per call) */
+    ref_gdn_state blk_gdn;      /* run_block: the GDN block's fresh state (zeroed per call) */
+    bool blk_gdn_ready;
     ref_seq *seqs;
     int64_t n_seqs, cap_seqs;
     float *h, *xn, *tmp;
@@ -315,6 +325,8 @@ static void ref_free(td_engine *base)
     free(r->h);
     free(r->xn);
     free(r->tmp);
+    ref_kv_free(&r->blk_kv);
+    ref_gdn_state_free(&r->blk_gdn);
     ref_attn_ws_free(&r->aws);
     ref_gdn_ws_free(&r->gws);
     ref_mm_free(&r->mmws);
@@ -359,6 +371,7 @@ static td_status ref_load(const char *checkpoint, const td_variant *v, td_engine
     r->opts.act = v->act_dtype;
     r->opts.tp_size = v->tp_size;
     r->opts.tp_rank = v->tp_rank;
+    r->rp = (ref_rowpar){.tp_size = v->tp_size, .tp_rank = v->tp_rank, .act = v->act_dtype};
     if (v->tp_size > 1 && c->num_experts > 0 &&
         (c->moe_intermediate_size % v->tp_size || c->shared_expert_intermediate_size % v->tp_size)) {
         st = td_err_set(err, TD_ERR_ARG,
@@ -555,9 +568,10 @@ static td_status model_supported(ref_engine *r, td_err *err)
     if (c->n_layers_present > 0)
         return td_err_set(err, TD_ERR_UNSUPPORTED, "engine ref: %s holds a subset of the layers "
                           "(tandem_layers_present); prefill/decode need every layer", r->dir);
-    if (r->opts.act != TD_ACT_FP32 || (r->opts.tp_size > 1 && r->opts.tp_rank != TD_TP_RANK_ALL))
-        return td_err_set(err, TD_ERR_UNSUPPORTED, "engine ref: prefill/decode run with act_dtype=fp32 and "
-                          "tp_rank=all (or tp_size=1) only");
+    if (r->opts.tp_size > 1 && r->opts.tp_rank != TD_TP_RANK_ALL)
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "engine ref: prefill/decode need tp_rank=all with tp_size %d "
+                          "(tp_rank=%d is one rank's partial sums, not a model; run_block computes single ranks)",
+                          r->opts.tp_size, r->opts.tp_rank);
     for (int64_t L = 0; L < c->num_hidden_layers; L++)
         if (!td_config_layer_is_moe(c, L) || c->num_experts < 1)
             return td_err_set(err, TD_ERR_UNSUPPORTED, "engine ref: layer %lld has a dense MLP, which the "
@@ -622,9 +636,16 @@ static td_status seq_new(ref_engine *r, int64_t id, ref_seq **out, td_err *err)
     return TD_OK;
 }
 
-static void add_rows(float *h, const float *d, int64_t n)
+/* h = round_act(h + d): the residual add (rounding point: residual stream). */
+static void add_rows(float *h, const float *d, int64_t n, td_act_dtype act)
 {
-    for (int64_t i = 0; i < n; i++) h[i] = h[i] + d[i];
+    for (int64_t i = 0; i < n; i++) h[i] = ref_round_act(h[i] + d[i], act);
+}
+
+static void round_rows(float *x, int64_t n, td_act_dtype act)
+{
+    if (act == TD_ACT_FP32) return;
+    for (int64_t i = 0; i < n; i++) x[i] = ref_round_act(x[i], act);
 }
 
 /* Run m tokens of sequence s through the model; logits [V] of the last token. */
@@ -646,6 +667,8 @@ static td_status forward(ref_engine *r, ref_seq *s, const int32_t *tokens, int64
                               "[0, %lld)", (long long)t, tokens[t], (long long)V);
         ref_linear_decode_row(&r->embed, &r->opts.nx, tokens[t], r->h + t * H);
     }
+    const td_act_dtype act = r->opts.act;
+    round_rows(r->h, m * H, act);
     const int64_t sh[2] = {m, H};
     for (int64_t L = 0; L < NL; L++) {
         st = load_mixer(r, L, err);
@@ -653,15 +676,18 @@ static td_status forward(ref_engine *r, ref_seq *s, const int32_t *tokens, int64
         if (st) return st;
         const ref_layer *ly = &r->layers[L];
         for (int64_t t = 0; t < m; t++) ref_rmsnorm_zc(r->h + t * H, H, ly->in_norm, eps, r->xn + t * H);
+        round_rows(r->xn, m * H, act);
         if (ly->type == TD_LAYER_GDN) {
-            st = ref_gdn_run(&ly->gdn, &r->gd, &r->opts.nx, r->pool, &r->gws, &s->gdn[L], r->xn, m, r->tmp, err);
+            st = ref_gdn_run(&ly->gdn, &r->gd, &r->opts.nx, &r->rp, r->pool, &r->gws, &s->gdn[L], r->xn, m, r->tmp,
+                             err);
             if (!st) st = td_engine_put_tap(e, L, "gdn.out", TD_F32, 2, sh, r->tmp, err);
         } else {
-            st = ref_attn_run(&ly->attn, &r->ad, &r->opts.nx, r->pool, &r->aws, &s->kv[L], r->xn, m, r->tmp, err);
+            st = ref_attn_run(&ly->attn, &r->ad, &r->opts.nx, &r->rp, r->pool, &r->aws, &s->kv[L], r->xn, m, r->tmp,
+                              err);
             if (!st) st = td_engine_put_tap(e, L, "attn.out", TD_F32, 2, sh, r->tmp, err);
         }
         if (st) return td_err_prefix(err, "engine ref: layer %lld: ", (long long)L);
-        add_rows(r->h, r->tmp, m * H);
+        add_rows(r->h, r->tmp, m * H, act);
         for (int64_t t = 0; t < m; t++) ref_rmsnorm_zc(r->h + t * H, H, ly->post_norm, eps, r->xn + t * H);
         st = ref_moe_ws_reserve(&r->ws, &ly->w, m, ref_pool_threads(r->pool), err);
         if (!st) st = ref_moe_run(&ly->w, &r->opts, r->pool, &r->ws, r->xn, m, NULL, NULL, r->tmp, err);
@@ -671,11 +697,12 @@ static td_status forward(ref_engine *r, ref_seq *s, const int32_t *tokens, int64
             st = moe_taps(r, &bc, err);
         }
         if (st) return td_err_prefix(err, "engine ref: layer %lld: ", (long long)L);
-        add_rows(r->h, r->tmp, m * H);
+        add_rows(r->h, r->tmp, m * H, act);
         st = td_engine_put_tap(e, L, "resid", TD_F32, 2, sh, r->h, err);
         if (st) return st;
     }
     for (int64_t t = 0; t < m; t++) ref_rmsnorm_zc(r->h + t * H, H, r->final_norm, eps, r->xn + t * H);
+    round_rows(r->xn, m * H, act);
     st = td_engine_put_tap(e, -1, "final.hidden", TD_F32, 2, sh, r->xn, err);
     if (st) return st;
     ref_mm(&r->lm_head, &r->opts.nx, r->pool, &r->mmws, r->xn + (m - 1) * H, H, 1, logits, V);
@@ -683,13 +710,56 @@ static td_status forward(ref_engine *r, ref_seq *s, const int32_t *tokens, int64
     return td_engine_put_tap(e, -1, "logits", TD_F32, 2, sl, logits, err);
 }
 
+/* A token-mixer block (attention or GDN) of one layer on caller-given normed activations, from
+ * a fresh (empty) state: a prefill of n_tokens of a new sequence. */
+static td_status mixer_block(ref_engine *r, const td_block_call *c, td_err *err)
+{
+    const td_config *cf = &r->cfg;
+    const int64_t L = c->layer, M = c->n_tokens, H = cf->hidden_size;
+    const bool want_gdn = c->block == TD_BLOCK_GDN;
+    if (cf->family != TD_FAMILY_QWEN3_NEXT)
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "engine ref: block '%s' is implemented for model_type qwen3_next "
+                          "only (%s is %s)", td_block_name(c->block), r->dir, td_family_name(cf->family));
+    const td_layer_type ty = cf->layer_types[L];
+    if ((ty == TD_LAYER_GDN) != want_gdn)
+        return td_err_set(err, TD_ERR_ARG, "engine ref: layer %lld is a %s layer: block '%s' needs a %s layer",
+                          (long long)L, ty == TD_LAYER_GDN ? "linear_attention (GDN)" : "full_attention",
+                          td_block_name(c->block), want_gdn ? "linear_attention (GDN)" : "full_attention");
+    td_status st = load_mixer(r, L, err);
+    if (!st) st = ref_grow(&r->xn, &r->cap_xn, M * H, err);
+    if (st) return st;
+    for (int64_t i = 0; i < M * H; i++) r->xn[i] = ref_round_act(c->input[i], r->opts.act);
+    const ref_layer *ly = &r->layers[L];
+    const int64_t sh[2] = {M, H};
+    if (want_gdn) {
+        if (!r->blk_gdn_ready) {
+            st = ref_gdn_state_init(&r->blk_gdn, &r->gd, err);
+            if (st) return st;
+            r->blk_gdn_ready = true;
+        } else {
+            ref_gdn_state_reset(&r->blk_gdn, &r->gd);
+        }
+        st = ref_gdn_run(&ly->gdn, &r->gd, &r->opts.nx, &r->rp, r->pool, &r->gws, &r->blk_gdn, r->xn, M, c->output,
+                         err);
+        if (!st) st = td_engine_put_tap(&r->base, L, "gdn.out", TD_F32, 2, sh, c->output, err);
+    } else {
+        r->blk_kv.len = 0;
+        st = ref_attn_run(&ly->attn, &r->ad, &r->opts.nx, &r->rp, r->pool, &r->aws, &r->blk_kv, r->xn, M, c->output,
+                          err);
+        if (!st) st = td_engine_put_tap(&r->base, L, "attn.out", TD_F32, 2, sh, c->output, err);
+    }
+    if (st) return td_err_prefix(err, "engine ref: layer %lld: ", (long long)L);
+    return TD_OK;
+}
+
 static td_status ref_run_block(td_engine *base, const td_block_call *c, td_err *err)
 {
     ref_engine *r = (ref_engine *)base;
+    if (c->block == TD_BLOCK_ATTN || c->block == TD_BLOCK_GDN) return mixer_block(r, c, err);
     if (c->block != TD_BLOCK_MOE && c->block != TD_BLOCK_ROUTER)
         return td_err_set(err, TD_ERR_UNSUPPORTED,
-                          "engine ref: block '%s' is not implemented yet (it arrives with the full-model "
-                          "reference); implemented: moe, router",
+                          "engine ref: block '%s' is not implemented (qwen4_exp blocks arrive with its "
+                          "full-model issue); implemented: moe, router, attn, gdn",
                           td_block_name(c->block));
     td_status st = load_layer(r, c->layer, err);
     if (st) return st;

@@ -26,6 +26,12 @@ td_status ref_gdn_state_init(ref_gdn_state *s, const ref_gdn_dims *d, td_err *er
     return TD_OK;
 }
 
+void ref_gdn_state_reset(ref_gdn_state *s, const ref_gdn_dims *d)
+{
+    memset(s->conv, 0, (size_t)(ref_gdn_channels(d) * (d->kconv - 1) + 1) * sizeof *s->conv);
+    memset(s->S, 0, (size_t)(d->nv * d->dk * d->dv) * sizeof *s->S);
+}
+
 void ref_gdn_state_free(ref_gdn_state *s)
 {
     free(s->conv);
@@ -41,6 +47,7 @@ void ref_gdn_ws_free(ref_gdn_ws *ws)
     free(ws->mixed);
     free(ws->u);
     free(ws->y);
+    free(ws->partial);
     *ws = (ref_gdn_ws){0};
 }
 
@@ -148,17 +155,22 @@ static void head_item(void *ctx, int64_t j, int worker)
 }
 
 td_status ref_gdn_run(const ref_gdn_weights *w, const ref_gdn_dims *d, const ref_numerics *nx,
-                      ref_pool *pool, ref_gdn_ws *ws, ref_gdn_state *s, const float *x, int64_t m,
+                      const ref_rowpar *rp, ref_pool *pool, ref_gdn_ws *ws, ref_gdn_state *s, const float *x, int64_t m,
                       float *out, td_err *err)
 {
     const int64_t H = d->hidden, r = d->nv / d->nk, G = 2 * d->dk + 2 * r * d->dv, C = ref_gdn_channels(d);
     const int64_t Y = d->nv * d->dv;
-    td_status st = ref_mm_reserve(&ws->mm, ref_pool_threads(pool), m, H > Y ? H : Y, err);
+    if (rp->tp_size < 1 || d->nk % rp->tp_size)
+        return td_err_set(err, TD_ERR_RANGE, "ref gated deltanet: tp_size %d does not divide the %lld key heads",
+                          rp->tp_size, (long long)d->nk);
+    td_status st = ref_rowpar_check(&w->out, rp, err);
+    if (!st) st = ref_mm_reserve(&ws->mm, ref_pool_threads(pool), m, H > Y ? H : Y, err);
     if (!st) st = ref_grow(&ws->P, &ws->cap_P, m * d->nk * G, err);
     if (!st) st = ref_grow(&ws->Q, &ws->cap_Q, m * 2 * d->nv, err);
     if (!st) st = ref_grow(&ws->mixed, &ws->cap_mixed, m * C, err);
     if (!st) st = ref_grow(&ws->u, &ws->cap_u, m * C, err);
     if (!st) st = ref_grow(&ws->y, &ws->cap_y, m * Y, err);
+    if (!st && rp->tp_size > 1) st = ref_grow(&ws->partial, &ws->cap_partial, m * H, err);
     if (st) return st;
     ref_mm(&w->qkvz, nx, pool, &ws->mm, x, H, m, ws->P, d->nk * G);
     ref_mm(&w->ba, nx, pool, &ws->mm, x, H, m, ws->Q, 2 * d->nv);
@@ -167,6 +179,5 @@ td_status ref_gdn_run(const ref_gdn_weights *w, const ref_gdn_dims *d, const ref
     ref_pool_run(pool, (C + GDN_CONV_CHUNK - 1) / GDN_CONV_CHUNK, conv_item, &c);
     ref_pool_run(pool, m, qk_item, &c);
     ref_pool_run(pool, d->nv, head_item, &c);
-    ref_mm(&w->out, nx, pool, &ws->mm, ws->y, Y, m, out, H);
-    return TD_OK;
+    return ref_mm_rowpar(&w->out, nx, rp, pool, &ws->mm, ws->y, Y, m, out, H, ws->partial, err);
 }

@@ -21,18 +21,24 @@
  *        d[v]  = fl32(fl32(v[v] - m[v]) * beta)                 (delta)
  *        S[k][v] = fl32(S[k][v] + fl32(k[k] * d[v]))            (rank-1 update)
  *        o[v]  = sum over k ascending of fl32(S[k][v] * q[k])   (S^T q, from +0)
- *   6. y_j = gated RMSNorm(o_j, z_j; norm weight, eps) (norm.h), out = out_proj concat_j y_j.
+ *   6. y_j = gated RMSNorm(o_j, z_j; norm weight, eps) (norm.h), out = out_proj concat_j y_j,
+ *      a row-parallel linear under `rp` (rowpar.h): with tp_size T (which must divide nk, so a
+ *      rank holds whole key-head groups with their value heads) rank r's partial uses the
+ *      out_proj columns of value heads [r nv/T, (r+1) nv/T); tp_rank = all reduces the ranks in
+ *      rank order; the output is rounded to rp->act. Steps 1-5 are per channel / head and do
+ *      not depend on TP, so only this projection is split.
  * exp/sigmoid/silu/softplus: double, rounded once (norm.h). Work is split across channels
  * (conv), tokens (norms) and value heads (recurrence), so results do not depend on the
  * thread count, and the token-serial recurrence makes prefill(n) + decode bit-identical to
  * prefill(n + 1). The linears follow linear.h (accum applies to them only).
  *
- * Contract: state and workspace grow only; ref_gdn_state_init allocates (zeroed state).
+ * Contract: state and workspace grow only; ref_gdn_state_init allocates (zeroed state),
+ * ref_gdn_state_reset zeroes it again without allocating.
  */
 #ifndef TD_REF_GDN_H
 #define TD_REF_GDN_H
 
-#include "mm.h"
+#include "rowpar.h"
 
 typedef struct ref_gdn_dims {
     int64_t hidden, nk, nv, dk, dv, kconv;
@@ -61,16 +67,19 @@ typedef struct ref_gdn_ws {
     float *mixed;               /* [M, C] pre-conv q | k | v */
     float *u;                   /* [M, C] post-conv (SiLU), q/k then L2-normalized in place */
     float *y;                   /* [M, nv * dv] gated-normed head outputs (out_proj input) */
-    int64_t cap_P, cap_Q, cap_mixed, cap_u, cap_y; /* floats allocated */
+    float *partial;             /* [M, hidden] one TP rank's out_proj partial (rowpar.h) */
+    int64_t cap_P, cap_Q, cap_mixed, cap_u, cap_y, cap_partial; /* floats allocated */
 } ref_gdn_ws;
 
 int64_t ref_gdn_channels(const ref_gdn_dims *d);
 td_status ref_gdn_state_init(ref_gdn_state *s, const ref_gdn_dims *d, td_err *err);
+/* Back to the zero state of a new sequence (s initialised with the same dims). */
+void ref_gdn_state_reset(ref_gdn_state *s, const ref_gdn_dims *d);
 void ref_gdn_state_free(ref_gdn_state *s);
 void ref_gdn_ws_free(ref_gdn_ws *ws);
 
 td_status ref_gdn_run(const ref_gdn_weights *w, const ref_gdn_dims *d, const ref_numerics *nx,
-                      ref_pool *pool, ref_gdn_ws *ws, ref_gdn_state *s, const float *x, int64_t m,
+                      const ref_rowpar *rp, ref_pool *pool, ref_gdn_ws *ws, ref_gdn_state *s, const float *x, int64_t m,
                       float *out, td_err *err);
 
 #endif /* TD_REF_GDN_H */

@@ -1,4 +1,4 @@
-/* test_db_query.c — run references, run listing and filters, show, info and compare
+/* test_db_query.c — run references, run listing and filters, show, info, compare and completions
  * (db/query.c). */
 #include "test_common.h"
 #include "db/db.h"
@@ -278,6 +278,58 @@ static void query_show_and_info(void **state)
     td_db_close(db);
 }
 
+/* completions of a run: every column, token ids as an array, the diverged filter */
+static void query_completions(void **state)
+{
+    (void)state;
+    const char *p = td_test_path("completions.db");
+    td_db *db = open_ok(p, TD_DB_CREATE);
+    td_db_run_info info = {.kind = "run"};
+    int64_t run;
+    td_err err;
+    assert_int_equal(td_db_run_begin(db, &info, &run, &err), TD_OK);
+    static const int32_t a[3] = {7, 8, 9}, b[3] = {7, 8, 1};
+    td_db_completion_row r0 = {.variant = "ref", .batch = 1, .request = "q", .length = 3, .hash = "h0",
+                               .first_divergence = -1, .margin = NAN, .tokens = a, .reference_margin = NAN};
+    td_db_completion_row r1 = {.variant = "ref:accum=fp64", .batch = 1, .request = "q", .length = 3, .hash = "h1",
+                               .reference = "ref", .first_divergence = 2, .margin = 0.25, .tokens = b,
+                               .reference_margin = 0.5};
+    td_db_completion_row r2 = {.variant = "ref:accum=fp64", .batch = 4, .request = "q", .length = 3, .hash = "h0",
+                               .reference = "ref", .first_divergence = -1, .margin = NAN, .tokens = NULL,
+                               .reference_margin = NAN};
+    assert_int_equal(td_db_put_completion(db, run, &r2, &err), TD_OK);
+    assert_int_equal(td_db_put_completion(db, run, &r1, &err), TD_OK);
+    assert_int_equal(td_db_put_completion(db, run, &r0, &err), TD_OK);
+    assert_int_equal(td_db_run_end(db, run, TD_DB_RUN_OK, 0, NULL, &err), TD_OK);
+    cJSON *j;
+    assert_int_equal(td_db_completions(db, run, false, &j, &err), TD_OK);
+    assert_int_equal(cJSON_GetArraySize(j), 3);
+    const cJSON *x = cJSON_GetArrayItem(j, 0); /* ordered by variant, batch */
+    assert_string_equal(cJSON_GetObjectItem(x, "hash")->valuestring, "h0");
+    assert_true(cJSON_IsArray(cJSON_GetObjectItem(x, "token_ids")));
+    assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(x, "token_ids"), 2)->valuedouble, 9);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(x, "first_divergence")));
+    x = cJSON_GetArrayItem(j, 1);
+    assert_string_equal(cJSON_GetObjectItem(x, "hash")->valuestring, "h1");
+    assert_int_equal(cJSON_GetObjectItem(x, "first_divergence")->valuedouble, 2);
+    assert_true(cJSON_GetObjectItem(x, "margin")->valuedouble == 0.25);
+    assert_true(cJSON_GetObjectItem(x, "reference_margin")->valuedouble == 0.5);
+    assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(x, "token_ids"), 2)->valuedouble, 1);
+    x = cJSON_GetArrayItem(j, 2);
+    assert_int_equal(cJSON_GetObjectItem(x, "batch")->valuedouble, 4);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(x, "token_ids")));
+    cJSON_Delete(j);
+    assert_int_equal(td_db_completions(db, run, true, &j, &err), TD_OK);
+    assert_int_equal(cJSON_GetArraySize(j), 1);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 0), "hash")->valuestring, "h1");
+    cJSON_Delete(j);
+    /* a run without completions gives an empty array */
+    assert_int_equal(td_db_completions(db, run + 1, false, &j, &err), TD_OK);
+    assert_int_equal(cJSON_GetArraySize(j), 0);
+    cJSON_Delete(j);
+    td_db_close(db);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -286,6 +338,7 @@ int main(void)
         cmocka_unit_test(query_runs_filters_and_order),
         cmocka_unit_test(query_compare_worst_first),
         cmocka_unit_test(query_show_and_info),
+        cmocka_unit_test(query_completions),
     };
     return cmocka_run_group_tests_name("db_query", tests, NULL, NULL);
 }

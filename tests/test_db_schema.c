@@ -27,7 +27,9 @@ static const char fill_v1[] =
 static const char fill_v2[] =
     "INSERT INTO quality (run_id, suite, metric, value, higher_is_better, threshold, pass) "
     "VALUES (1, 'gsm8k', 'acc', 0.9, 1, 0.8, 1);"
-    "INSERT INTO timings (run_id, bench, metric, value, unit) VALUES (1, 'moe', 'median', 1.5, 'ms');";
+    "INSERT INTO timings (run_id, bench, metric, value, unit) VALUES (1, 'moe', 'median', 1.5, 'ms');"
+    "INSERT INTO completions (run_id, variant, batch, request, length, hash, reference, first_divergence, margin) "
+    "VALUES (1, 'cuda', 1, 'r0', 4, 'abcd', 'ref', 2, 0.5);";
 
 static void schema_every_older_version_migrates(void **state)
 {
@@ -69,12 +71,26 @@ static void schema_every_older_version_migrates(void **state)
             assert_int_equal(td_db_regress(db, &ro, &j, &nreg, &err), TD_OK);
             assert_int_equal(nreg, 0);
             cJSON_Delete(j);
+            /* v4 added token_ids and reference_margin: older completions read back with them NULL */
+            assert_int_equal(td_db_completions(db, id, false, &j, &err), TD_OK);
+            assert_int_equal(cJSON_GetArraySize(j), v >= 2 ? 1 : 0);
+            if (v >= 2) {
+                const cJSON *c = cJSON_GetArrayItem(j, 0);
+                assert_int_equal(cJSON_GetObjectItem(c, "first_divergence")->valuedouble, 2);
+                assert_true(cJSON_IsNull(cJSON_GetObjectItem(c, "token_ids")));
+                assert_true(cJSON_IsNull(cJSON_GetObjectItem(c, "reference_margin")));
+            }
+            cJSON_Delete(j);
         }
         td_db_run_info info2 = {.kind = "bench"};
         int64_t r;
         assert_int_equal(td_db_run_begin(db, &info2, &r, &err), TD_OK);
         td_db_census_row c = {.tensor = "w", .code = 64, .count = 10};
         assert_int_equal(td_db_put_census(db, r, &c, &err), TD_OK);
+        static const int32_t ids[2] = {3, 4};
+        td_db_completion_row cp = {.variant = "ref", .batch = 1, .request = "r0", .length = 2, .hash = "h",
+                                   .first_divergence = -1, .margin = NAN, .tokens = ids, .reference_margin = NAN};
+        assert_int_equal(td_db_put_completion(db, r, &cp, &err), TD_OK);
         assert_int_equal(td_db_run_end(db, r, TD_DB_RUN_OK, 0, NULL, &err), TD_OK);
         td_db_close(db);
         assert_int_equal(raw_int(p, "PRAGMA user_version"), TD_DB_SCHEMA_VERSION);

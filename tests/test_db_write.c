@@ -122,7 +122,8 @@ static void write_every_family_round_trips(void **state)
                             .verdict = TD_DB_PASS, .detail = "all 256 codes"};
     td_db_census_row c = {.tensor = "L0.w13.weight_scale", .code = 255, .count = 3};
     td_db_completion_row cp = {.variant = "cuda", .batch = 8, .request = "req-3", .rep = 1, .length = 256,
-                               .hash = "ab12", .reference = "ref", .first_divergence = 12, .margin = 0.25};
+                               .hash = "ab12", .reference = "ref", .first_divergence = 12, .margin = 0.25,
+                               .reference_margin = NAN};
     td_db_quality_row q1 = {.suite = "gsm8k", .metric = "acc", .value = 0.75, .stderr_ = 0.02, .n = 16,
                             .threshold = 0.8, .higher_is_better = true};
     td_db_quality_row q2 = {.suite = "ppl.wiki", .metric = "ppl", .variant = "cuda", .value = 7.5, .stderr_ = NAN,
@@ -135,6 +136,16 @@ static void write_every_family_round_trips(void **state)
     assert_int_equal(td_db_put_encoding(db, run, &e, &err), TD_OK);
     assert_int_equal(td_db_put_census(db, run, &c, &err), TD_OK);
     assert_int_equal(td_db_put_completion(db, run, &cp, &err), TD_OK);
+    /* token ids (extreme values) and both margins; an equal completion stores no reference margin */
+    static const int32_t ids[4] = {0, -1, INT32_MAX, INT32_MIN};
+    td_db_completion_row cp2 = {.variant = "cuda", .batch = 8, .request = "req-4", .length = 4, .hash = "cd",
+                                .reference = "ref", .first_divergence = 2, .margin = 0.125, .tokens = ids,
+                                .reference_margin = 0.5};
+    td_db_completion_row cp3 = {.variant = "cuda", .batch = 8, .request = "req-5", .length = 0, .hash = "e3",
+                                .reference = "ref", .first_divergence = -1, .margin = NAN, .tokens = ids,
+                                .reference_margin = 0.75};
+    assert_int_equal(td_db_put_completion(db, run, &cp2, &err), TD_OK);
+    assert_int_equal(td_db_put_completion(db, run, &cp3, &err), TD_OK);
     assert_int_equal(td_db_put_quality(db, run, &q1, &err), TD_OK);
     assert_int_equal(td_db_put_quality(db, run, &q2, &err), TD_OK);
     assert_int_equal(td_db_put_quality(db, run, &q3, &err), TD_OK);
@@ -153,7 +164,11 @@ static void write_every_family_round_trips(void **state)
     assert_int_equal(raw_int(p, "SELECT count FROM scale_census WHERE code = 255"), 3);
     assert_string_equal(raw_text(p, "SELECT variant || '|' || batch || '|' || request || '|' || rep || '|' || length "
                                     "|| '|' || hash || '|' || reference || '|' || first_divergence || '|' || margin "
-                                    "FROM completions"), "cuda|8|req-3|1|256|ab12|ref|12|0.25");
+                                    "FROM completions WHERE request = 'req-3'"), "cuda|8|req-3|1|256|ab12|ref|12|0.25");
+    assert_string_equal(raw_text(p, "SELECT group_concat(request || ':' || quote(token_ids) || ':' || "
+                                    "quote(reference_margin) || ':' || quote(margin), ' ') FROM "
+                                    "(SELECT * FROM completions ORDER BY request)"),
+                        "req-3:NULL:NULL:0.25 req-4:'[0,-1,2147483647,-2147483648]':0.5:0.125 req-5:'[]':NULL:NULL");
     /* the quality gate is evaluated on write, in the metric's direction */
     assert_string_equal(raw_text(p, "SELECT group_concat(suite || ':' || quote(pass), ' ') FROM "
                                     "(SELECT * FROM quality ORDER BY suite)"), "gsm8k:0 kld:NULL ppl.wiki:1");

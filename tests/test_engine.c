@@ -15,7 +15,8 @@
  *   conventions; the router block equals the moe.router_logits tap; taps have the documented
  *   names and shapes; threads=1 and threads=3 agree bit for bit;
  * - argument checks of run_block (NULL buffers, token counts, layer range, half-given routes,
- *   routes on the router block), unimplemented blocks give TD_ERR_UNSUPPORTED with a
+ *   routes on the router block), attn on a GDN layer (TD_ERR_ARG), gdn on a checkpoint without
+ *   the mixer's tensors (TD_ERR_NOTFOUND naming it), unimplemented blocks give TD_ERR_UNSUPPORTED with a
  *   message, never a silent no-op; prefill on a MoE-only checkpoint names the missing
  *   embedding tensor and decode of a sequence never prefilled is TD_ERR_ARG;
  * - load errors name the file, tensor or option: missing directory, a tensor of the wrong
@@ -425,8 +426,9 @@ static void engine_call_checks(void **state)
         {{-1, TD_BLOCK_MOE, 1, x, y, NULL, NULL}, TD_ERR_RANGE, "layer -1"},
         {{0, TD_BLOCK_MOE, 1, x, y, ids, NULL}, TD_ERR_ARG, "route_ids and route_weights go together"},
         {{0, TD_BLOCK_ROUTER, 1, x, y, ids, w}, TD_ERR_ARG, "only apply to the moe block"},
-        {{0, TD_BLOCK_ATTN, 1, x, y, NULL, NULL}, TD_ERR_UNSUPPORTED, "block 'attn' is not implemented yet"},
-        {{0, TD_BLOCK_GDN, 1, x, y, NULL, NULL}, TD_ERR_UNSUPPORTED, "block 'gdn'"},
+        {{0, TD_BLOCK_ATTN, 1, x, y, NULL, NULL}, TD_ERR_ARG, "block 'attn' needs a full_attention layer"},
+        /* a MoE-only checkpoint: the GDN block names the first missing tensor */
+        {{0, TD_BLOCK_GDN, 1, x, y, NULL, NULL}, TD_ERR_NOTFOUND, "layers.0.input_layernorm"},
         {{0, TD_BLOCK_PLE, 1, x, y, NULL, NULL}, TD_ERR_UNSUPPORTED, "block 'ple'"},
         {{0, TD_BLOCK_COUNT, 1, x, y, NULL, NULL}, TD_ERR_ARG, "invalid block"},
     };

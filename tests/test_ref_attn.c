@@ -156,7 +156,7 @@ static void run(const fix *f, ref_pool *pool, ref_kv *kv, const float *x, int64_
     ref_attn_ws ws = {0};
     ref_numerics nx = {TD_ACCUM_FP32, TD_SCALE_EXACT, TD_FAULT_NONE};
     td_err err = {0};
-    assert_int_equal(ref_attn_run(&f->w, &f->d, &nx, pool, &ws, kv, x, M, y, &err), TD_OK);
+    assert_int_equal(ref_attn_run(&f->w, &f->d, &nx, &REF_ROWPAR_PLAIN, pool, &ws, kv, x, M, y, &err), TD_OK);
     ref_attn_ws_free(&ws);
 }
 

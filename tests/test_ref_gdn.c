@@ -183,7 +183,7 @@ static void run(const fix *f, ref_pool *pool, ref_gdn_state *st, const float *x,
     ref_gdn_ws ws = {0};
     ref_numerics nx = {TD_ACCUM_FP32, TD_SCALE_EXACT, TD_FAULT_NONE};
     td_err err = {0};
-    assert_int_equal(ref_gdn_run(&f->w, &f->d, &nx, pool, &ws, st, x, M, y, &err), TD_OK);
+    assert_int_equal(ref_gdn_run(&f->w, &f->d, &nx, &REF_ROWPAR_PLAIN, pool, &ws, st, x, M, y, &err), TD_OK);
     ref_gdn_ws_free(&ws);
 }
 
