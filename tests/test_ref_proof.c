@@ -12,10 +12,14 @@
  * `tandem quantize` (ModelOpt NVFP4: experts, shared experts, o_proj, out_proj); its expected
  * logits come from transformers run on the dequantized weights (--dequant).
  * What is asserted:
+ * q3n-norenorm/ (2 layers, norm_topk_prob false, 16 experts top-4) and q3n-heads/ (5 layers,
+ * 6 query / 2 KV heads of 32, GDN 2 key / 6 value heads of 24 / 40) likewise.
  * - ref prefill of each prompt against prefill.<i> at the last position and ref token-by-token
  *   decoding against every row of decode.<i>: max |Δlogit| / max |logit| <= 3e-5 (measured,
  *   prefill / decode: q3n-a 8.8e-6 / 1.4e-5, q3n-odd 6.6e-6 / 2.3e-5, q3n-a-nvfp4 5.0e-6 /
- *   2.5e-5; transformers' own prefill-vs-decode spread is 1.3e-5, 1.3e-5 and 3.4e-5);
+ *   2.5e-5, q3n-norenorm 1.6e-5 / 1.6e-5; transformers' own prefill-vs-decode spread is
+ *   1.3e-5, 1.3e-5, 3.4e-5 and 2.5e-6); q3n-heads <= 4.5e-5 (measured 3.1e-5 / 4.1e-5; its
+ *   transformers spread is 4.3e-5);
  * - greedy completions identical to greedy.<i>.
  */
 #include "test_common.h"
@@ -31,10 +35,13 @@
  * (chunked vs recurrent delta rule, different summation orders), so the bound is set at
  * twice that: 3e-5. */
 #define TOL 3e-5
+/* q3n-heads (6 query / 2 KV heads of 32, GDN 2 key / 6 value heads): transformers' own
+ * prefill-vs-decode spread on it is 4.33e-5, above TOL, so it is held to 4.5e-5. */
+#define TOL_HEADS 4.5e-5
 
 static double worst[2]; /* prefill, decode */
 
-static void cmp(const float *got, const float *want, int64_t V, const char *what, int i, int64_t t)
+static void cmp(const float *got, const float *want, int64_t V, const char *what, int i, int64_t t, double tol)
 {
     const int kind = what[0] == 'd';
     double mx = 0, md = 0;
@@ -44,10 +51,10 @@ static void cmp(const float *got, const float *want, int64_t V, const char *what
     }
     const double rel = md / mx;
     if (rel > worst[kind]) worst[kind] = rel;
-    if (!(rel <= TOL)) fail_msg("%s prompt %d position %lld: max |dlogit| / max |logit| = %.3g", what, i, (long long)t, rel);
+    if (!(rel <= tol)) fail_msg("%s prompt %d position %lld: max |dlogit| / max |logit| = %.3g", what, i, (long long)t, rel);
 }
 
-static void check_model(const char *name_, int64_t V)
+static void check_model(const char *name_, int64_t V, double tol)
 {
     td_err err = {0};
     td_st_file *f = NULL;
@@ -87,13 +94,13 @@ static void check_model(const char *name_, int64_t V)
         memcpy(dec, tdec.data, (size_t)(T * V) * sizeof *dec);
         st = td_engine_prefill(e, 0, ids, T, lg, &err);
         if (st) fail_msg("%s: %s", name_, err.msg);
-        cmp(lg, pre + (T - 1) * V, V, "prefill", i, T - 1);
+        cmp(lg, pre + (T - 1) * V, V, "prefill", i, T - 1, tol);
         assert_int_equal(td_engine_prefill(e, 1, ids, 1, lg, &err), TD_OK);
-        cmp(lg, dec, V, "decode", i, 0);
+        cmp(lg, dec, V, "decode", i, 0, tol);
         for (int64_t t = 1; t < T; t++) {
             const td_decode_item it = {1, ids[t]};
             assert_int_equal(td_engine_decode(e, &it, 1, lg, &err), TD_OK);
-            cmp(lg, dec + t * V, V, "decode", i, t);
+            cmp(lg, dec + t * V, V, "decode", i, t, tol);
         }
         const int64_t N = tgr.shape[0];
         int32_t *want = malloc((size_t)N * sizeof *want);
@@ -111,8 +118,8 @@ static void check_model(const char *name_, int64_t V)
         free(pre);
         free(dec);
     }
-    printf("%s: worst max |dlogit| / max |logit|: prefill %.3g, decode %.3g (bound %.0e)\n", name_, worst[0], worst[1],
-           TOL);
+    printf("%s: worst max |dlogit| / max |logit|: prefill %.3g, decode %.3g (bound %.2g)\n", name_, worst[0], worst[1],
+           tol);
     free(lg);
     td_engine_free(e);
     td_st_file_close(f);
@@ -121,19 +128,31 @@ static void check_model(const char *name_, int64_t V)
 static void proof_q3n_a_matches_transformers(void **state)
 {
     (void)state;
-    check_model("q3n-a", 512);
+    check_model("q3n-a", 512, TOL);
 }
 
 static void proof_q3n_a_nvfp4_matches_transformers(void **state)
 {
     (void)state;
-    check_model("q3n-a-nvfp4", 512);
+    check_model("q3n-a-nvfp4", 512, TOL);
 }
 
 static void proof_q3n_odd_matches_transformers(void **state)
 {
     (void)state;
-    check_model("q3n-odd", 301);
+    check_model("q3n-odd", 301, TOL);
+}
+
+static void proof_q3n_norenorm_matches_transformers(void **state)
+{
+    (void)state;
+    check_model("q3n-norenorm", 512, TOL);
+}
+
+static void proof_q3n_heads_matches_transformers(void **state)
+{
+    (void)state;
+    check_model("q3n-heads", 512, TOL_HEADS);
 }
 
 int main(void)
@@ -142,6 +161,8 @@ int main(void)
         cmocka_unit_test(proof_q3n_a_matches_transformers),
         cmocka_unit_test(proof_q3n_odd_matches_transformers),
         cmocka_unit_test(proof_q3n_a_nvfp4_matches_transformers),
+        cmocka_unit_test(proof_q3n_norenorm_matches_transformers),
+        cmocka_unit_test(proof_q3n_heads_matches_transformers),
     };
     return cmocka_run_group_tests_name("ref_proof", tests, NULL, NULL);
 }
