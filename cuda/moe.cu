@@ -131,35 +131,18 @@ __global__ void k_linear(cu_lin W, int64_t r0, int64_t nrows, const float *x, in
 #define ROUTE_THREADS 256
 #define ROUTE_WARPS (ROUTE_THREADS / 32)
 
-/* Block-wide arg-best in the order of ranks_before; every thread gets the winner. */
-__device__ __forceinline__ void block_best(float &bv, int64_t &bi, float *sv, int64_t *si)
-{
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int off = 16; off >= 1; off >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-        const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
-        if (oi >= 0 && (bi < 0 || ranks_before(ov, oi, bv, bi))) bv = ov, bi = oi;
-    }
-    if (lane == 0) sv[warp] = bv, si[warp] = bi;
-    __syncthreads();
-    bv = sv[0];
-    bi = si[0];
-    for (int w = 1; w < ROUTE_WARPS; w++)
-        if (si[w] >= 0 && (bi < 0 || ranks_before(sv[w], si[w], bv, bi))) bv = sv[w], bi = si[w];
-    __syncthreads();
-}
-
-/* One block per token: the max and the exponentials in parallel, their sum on one thread in
- * ascending expert order (the reference's order), then k rounds of a block-wide arg-best over
- * the experts not taken yet, in the total order of ranks_before (so the selection equals the
- * reference's insertion). */
+/* One block per token: the max and the exponentials in parallel, their sum in a fixed tree
+ * order (not the reference's ascending order: a probability can differ from the reference's
+ * by rounding), then the top-k in the total order of ranks_before (the reference's). */
 __global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, int64_t ld, int64_t E, int64_t k,
                                                          bool renorm, int32_t *ids, float *weights)
 {
-    extern __shared__ float p[]; /* [E] probabilities, then E taken flags */
-    unsigned char *taken = reinterpret_cast<unsigned char *>(p + E);
+    /* shared: p [E], the result tv [k], candidates cv [8k], ti [k], ci [8k], taken [E] */
+    extern __shared__ float p[];
+    float *tv = p + E;
+    int32_t *ti = reinterpret_cast<int32_t *>(tv + (ROUTE_WARPS + 1) * k);
+    unsigned char *taken = reinterpret_cast<unsigned char *>(ti + (ROUTE_WARPS + 1) * k);
     __shared__ float sv[ROUTE_WARPS];
-    __shared__ int64_t si[ROUTE_WARPS];
     __shared__ float m_s, s_s;
     const int tid = threadIdx.x;
     const int64_t t = blockIdx.x;
@@ -195,42 +178,82 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, in
     m = m_s;
     for (int64_t i = tid; i < E; i += ROUTE_THREADS) p[i] = (float)exp((double)__fsub_rn(l[i], m));
     __syncthreads();
-    if (tid == 0) {
-        float s = 0.0f;
-        int64_t i = 0;
-        for (; i + 8 <= E; i += 8) {
-            float q[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) q[j] = p[i + j];
-#pragma unroll
-            for (int j = 0; j < 8; j++) s = __fadd_rn(s, q[j]);
-        }
-        for (; i < E; i++) s = __fadd_rn(s, p[i]);
-        s_s = s;
-    }
-    __syncthreads();
-    const float s = s_s;
-    for (int64_t i = tid; i < E; i += ROUTE_THREADS) p[i] = __fdiv_rn(p[i], s);
-    __syncthreads();
-    int32_t *id = ids + t * k;
-    float *val = weights + t * k;
-    for (int64_t j = 0; j < k; j++) {
-        float bv = NAN;
-        int64_t bi = -1;
-        for (int64_t i = tid; i < E; i += ROUTE_THREADS)
-            if (!taken[i] && (bi < 0 || ranks_before(p[i], i, bv, bi))) bv = p[i], bi = i;
-        block_best(bv, bi, sv, si);
+    {
+        /* sum in a fixed tree order: each thread adds its experts ascending, then the lanes of a
+         * warp by a xor butterfly, then the warps in order on thread 0 */
+        float part = 0.0f;
+        for (int64_t i = tid; i < E; i += ROUTE_THREADS) part = __fadd_rn(part, p[i]);
+        for (int off = 16; off >= 1; off >>= 1) part = __fadd_rn(part, __shfl_xor_sync(0xffffffffu, part, off));
+        if ((tid & 31) == 0) sv[tid >> 5] = part;
+        __syncthreads();
         if (tid == 0) {
-            id[j] = (int32_t)bi;
-            val[j] = bv;
-            taken[bi] = 1;
+            float s = sv[0];
+            for (int w = 1; w < ROUTE_WARPS; w++) s = __fadd_rn(s, sv[w]);
+            s_s = s;
         }
         __syncthreads();
     }
-    if (tid != 0 || !renorm) return;
-    float sk = 0.0f;
-    for (int64_t j = 0; j < k; j++) sk = __fadd_rn(sk, val[j]);
-    for (int64_t j = 0; j < k; j++) val[j] = __fdiv_rn(val[j], sk);
+    const float s = s_s;
+    for (int64_t i = tid; i < E; i += ROUTE_THREADS) p[i] = __fdiv_rn(p[i], s);
+    __syncthreads();
+    /* top-k in two levels: every warp takes its own best k of its experts (k rounds of a warp
+     * arg-best, no block barrier), then warp 0 takes the best k of those k * 8 candidates. The
+     * k best of all are among the candidates, and both levels use the same total order. */
+    const int lane = tid & 31, warp = tid >> 5;
+    float *cv = tv + k;                                             /* [8 * k] candidates */
+    int32_t *ci = ti + k;                                           /* [8 * k] */
+    for (int64_t j = 0; j < k; j++) {
+        float bv = NAN;
+        int64_t bi = -1;
+        for (int64_t i = warp * 32 + lane; i < E; i += ROUTE_THREADS)
+            if (!taken[i] && (bi < 0 || ranks_before(p[i], i, bv, bi))) bv = p[i], bi = i;
+        for (int off = 16; off >= 1; off >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+            const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
+            if (oi >= 0 && (bi < 0 || ranks_before(ov, oi, bv, bi))) bv = ov, bi = oi;
+        }
+        if (lane == 0) {
+            cv[warp * k + j] = bv;
+            ci[warp * k + j] = (int32_t)bi;
+            if (bi >= 0) taken[bi] = 1;
+        }
+        __syncwarp();
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const int64_t nc = ROUTE_WARPS * k;
+        for (int64_t j = 0; j < k; j++) {
+            float bv = NAN;
+            int64_t bi = -1, bc = -1;
+            for (int64_t c = lane; c < nc; c += 32) {
+                const int64_t id = ci[c];
+                if (id >= 0 && (bi < 0 || ranks_before(cv[c], id, bv, bi))) bv = cv[c], bi = id, bc = c;
+            }
+            for (int off = 16; off >= 1; off >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+                const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
+                const int64_t oc = __shfl_xor_sync(0xffffffffu, bc, off);
+                if (oi >= 0 && (bi < 0 || ranks_before(ov, oi, bv, bi))) bv = ov, bi = oi, bc = oc;
+            }
+            if (lane == 0) {
+                ti[j] = (int32_t)bi;
+                tv[j] = bv;
+                ci[bc] = -1;
+            }
+            __syncwarp();
+        }
+    }
+    __syncthreads();
+    if (tid == 0 && renorm) {
+        float sk = 0.0f;
+        for (int64_t j = 0; j < k; j++) sk = __fadd_rn(sk, tv[j]);
+        for (int64_t j = 0; j < k; j++) tv[j] = __fdiv_rn(tv[j], sk);
+    }
+    __syncthreads();
+    for (int64_t j = tid; j < k; j += ROUTE_THREADS) {
+        ids[t * k + j] = ti[j];
+        weights[t * k + j] = tv[j];
+    }
 }
 
 __global__ void k_w13(cu_lin gate, cu_lin up, int64_t r0, int64_t il, const int32_t *ids, int64_t k,
@@ -317,11 +340,12 @@ td_status cu_moe_route(const float *logits, int64_t ld, int64_t M, int64_t E, in
                        float *weights, cudaStream_t s, td_err *err)
 {
     if (M <= 0) return TD_OK;
-    if (E < 1 || k < 1 || k > E || E > 12288)
+    if (E < 1 || k < 1 || k > E || E > 8192 || k > 64)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: routing %lld experts top-%lld is outside the kernel's range",
                           (long long)E, (long long)k);
-    k_route<<<(unsigned)M, ROUTE_THREADS, (size_t)E * (sizeof(float) + 1), s>>>(logits, ld, E, k, renorm, ids,
-                                                                              weights);
+    const size_t smem = (size_t)E * sizeof(float) + (size_t)(ROUTE_WARPS + 1) * (size_t)k * (sizeof(float) + sizeof(int32_t)) +
+                        (size_t)E;
+    k_route<<<(unsigned)M, ROUTE_THREADS, smem, s>>>(logits, ld, E, k, renorm, ids, weights);
     TD_CU_LAUNCHED(err, "k_route");
     return TD_OK;
 }

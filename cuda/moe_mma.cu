@@ -240,117 +240,142 @@ __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, 
     __syncthreads();
 }
 
-/* Partial sums of steps [k0, k1) of row tile rt for NT n-tiles (acc from +0). WK: 0 NVFP4
- * prepared, 1 NVFP4 raw, 2 BF16. rows[nt]: input rows of tokens nt*8 + g. */
+/* One warp's weights and scales of up to PF steps, in registers. */
+template <int PF>
+struct mm_regs {
+    uint2 wq[PF];           /* NVFP4 */
+    uint4 wd[PF][2];        /* BF16 */
+    uint32_t s_lo[PF], s_hi[PF];
+};
+
+/* Issue the loads of steps [base, base + n) of row tile rt of matrix `mat` (n <= PF). */
+template <int WK, int PF>
+__device__ __forceinline__ void mm_load(const cu_qmat &W, int64_t KS, int64_t mat, int64_t rt, int base, int n, int lane,
+                                        mm_regs<PF> &r)
+{
+    const int g = lane >> 2;
+    const uint8_t *wbase = W.w + mat * W.mat_w;
+    const uint8_t *sbase = WK < 2 ? W.s + mat * W.mat_s : nullptr;
+    const int64_t tile0 = rt * KS;
+#pragma unroll
+    for (int i = 0; i < PF; i++) {
+        if (i < n) {
+            const int64_t step = tile0 + base + i;
+            if (WK < 2) {
+                r.wq[i] = __ldg(reinterpret_cast<const uint2 *>(wbase) + step * 32 + lane);
+            } else {
+                const uint4 *p = reinterpret_cast<const uint4 *>(wbase) + (step * 32 + lane) * 2;
+                r.wd[i][0] = __ldg(p);
+                r.wd[i][1] = __ldg(p + 1);
+            }
+            if (WK == 0) {
+                const uint32_t *sp = reinterpret_cast<const uint32_t *>(sbase) + step * 16;
+                r.s_lo[i] = __ldg(sp + g);
+                r.s_hi[i] = __ldg(sp + g + 8);
+            } else if (WK == 1) {
+                const uint16_t *sp = reinterpret_cast<const uint16_t *>(sbase) + step * 16;
+                r.s_lo[i] = __ldg(sp + g);
+                r.s_hi[i] = __ldg(sp + g + 8);
+            }
+        }
+    }
+}
+
+/* Accumulate steps [base, base + n) held in r into acc (NT n-tiles), B from the staged rows. */
+template <int WK, int ACT, int NT, int PF>
+__device__ __forceinline__ void mm_compute(const mm_args &a, int64_t mat, int base, int n, int count, const uint32_t *xs,
+                                           int lane, const mm_regs<PF> &r, float acc[2][4])
+{
+    const cu_qmat &W = a.c.W;
+    const int xs_w = (int)a.geo.xs_w, copy = a.xrows * xs_w;
+    const int g = lane >> 2, q = lane & 3;
+    constexpr bool SPLIT = WK == 2 && ACT == 1;
+    const uint32_t *xrow[2] = {xs + g * xs_w + q, xs + (8 + g) * xs_w + q};
+    float2 glob = make_float2(0.f, 0.f);
+    if (WK == 1) glob = W.g[mat];
+#pragma unroll
+    for (int i = 0; i < PF; i++) {
+        if (i < n) {
+#pragma unroll
+            for (int b = 0; b < 2; b++) {
+                const int kw = (base + i) * 16 + b * 8; /* word of column 0 of the block */
+                uint32_t B[2][4];
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    B[nt][0] = B[nt][1] = B[nt][2] = B[nt][3] = 0;
+                    if (nt * 8 + g < count) {
+                        B[nt][0] = xrow[nt][kw];
+                        B[nt][1] = xrow[nt][kw + 4];
+                        if (SPLIT) {
+                            B[nt][2] = xrow[nt][copy + kw];
+                            B[nt][3] = xrow[nt][copy + kw + 4];
+                        }
+                    }
+                }
+                uint32_t A[4];
+                if (WK < 2) {
+                    const uint32_t word = b ? r.wq[i].y : r.wq[i].x;
+                    A[0] = e2m1x2_f16<0>(word);
+                    A[1] = e2m1x2_f16<1>(word);
+                    A[2] = e2m1x2_f16<2>(word);
+                    A[3] = e2m1x2_f16<3>(word);
+                    if (ACT == 2)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) A[j] = f16x2_to_bf16x2(A[j]);
+                } else {
+                    A[0] = r.wd[i][b].x;
+                    A[1] = r.wd[i][b].y;
+                    A[2] = r.wd[i][b].z;
+                    A[3] = r.wd[i][b].w;
+                }
+                float e_lo = 0.f, e_hi = 0.f;
+                if (WK == 0) {
+                    e_lo = __half2float(__ushort_as_half((unsigned short)(r.s_lo[i] >> (16 * b)))) * 16384.0f;
+                    e_hi = __half2float(__ushort_as_half((unsigned short)(r.s_hi[i] >> (16 * b)))) * 16384.0f;
+                } else if (WK == 1) {
+                    e_lo = cu_raw_eff((r.s_lo[i] >> (8 * b)) & 0xffu, glob.x, W.conv) * 16384.0f;
+                    e_hi = cu_raw_eff((r.s_hi[i] >> (8 * b)) & 0xffu, glob.y, W.conv) * 16384.0f;
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    if (WK < 2) {
+                        float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+                        mma16816<ACT>(A, B[nt][0], B[nt][1], d0, d1, d2, d3);
+                        acc[nt][0] = __fmaf_rn(e_lo, d0, acc[nt][0]);
+                        acc[nt][1] = __fmaf_rn(e_lo, d1, acc[nt][1]);
+                        acc[nt][2] = __fmaf_rn(e_hi, d2, acc[nt][2]);
+                        acc[nt][3] = __fmaf_rn(e_hi, d3, acc[nt][3]);
+                    } else {
+                        mma16816<2>(A, B[nt][0], B[nt][1], acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+                        if (SPLIT)
+                            mma16816<2>(A, B[nt][2], B[nt][3], acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Partial sums of steps [k0, k1) of row tile rt for NT n-tiles (acc from +0); with `stage`,
+ * the block stages the inputs once the first weights are on their way. WK: 0 NVFP4
+ * prepared, 1 NVFP4 raw, 2 BF16. */
 template <int WK, int ACT, int NT>
 __device__ __forceinline__ void mm_chunk(const mm_args &a, int64_t mat, int64_t rt, int k0, int k1, int count,
                                          uint32_t *xs, const int32_t *plist, int64_t slot0, bool stage, int lane,
                                          float acc[2][4])
 {
-    const cu_qmat &W = a.c.W;
-    const int64_t KS = a.geo.KS, xs_w = a.geo.xs_w, copy = (int64_t)a.xrows * xs_w;
-    const int g = lane >> 2, q = lane & 3;
-    const uint8_t *wbase = W.w + mat * W.mat_w;
-    const uint8_t *sbase = WK < 2 ? W.s + mat * W.mat_s : nullptr;
-    float2 glob = make_float2(0.f, 0.f);
-    if (WK == 1) glob = W.g[mat];
-    const int64_t tile0 = rt * KS;
-    constexpr int PF = WK == 2 ? 4 : WK == 1 && NT == 1 ? 6 : MM_PREFETCH;
     constexpr bool SPLIT = WK == 2 && ACT == 1;
+    constexpr int PF = WK == 2 ? 4 : WK == 1 && NT == 1 ? 6 : MM_PREFETCH;
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
     for (int base = k0;; base += PF) {
         const int n = k1 - base < PF ? (k1 > base ? k1 - base : 0) : PF;
-        uint2 wq[PF];
-        uint4 wd[PF][2];
-        uint32_t s_lo[PF], s_hi[PF];
-#pragma unroll
-        for (int i = 0; i < PF; i++) {
-            if (i < n) {
-                const int64_t step = tile0 + base + i;
-                if (WK < 2) {
-                    wq[i] = __ldg(reinterpret_cast<const uint2 *>(wbase) + step * 32 + lane);
-                } else {
-                    const uint4 *p = reinterpret_cast<const uint4 *>(wbase) + (step * 32 + lane) * 2;
-                    wd[i][0] = __ldg(p);
-                    wd[i][1] = __ldg(p + 1);
-                }
-                if (WK == 0) {
-                    const uint32_t *sp = reinterpret_cast<const uint32_t *>(sbase) + step * 16;
-                    s_lo[i] = __ldg(sp + g);
-                    s_hi[i] = __ldg(sp + g + 8);
-                } else if (WK == 1) {
-                    const uint16_t *sp = reinterpret_cast<const uint16_t *>(sbase) + step * 16;
-                    s_lo[i] = __ldg(sp + g);
-                    s_hi[i] = __ldg(sp + g + 8);
-                }
-            }
-        }
+        mm_regs<PF> r;
+        mm_load<WK, PF>(a.c.W, a.geo.KS, mat, rt, base, n, lane, r);
         if (stage && base == k0) stage_x<SPLIT>(a, plist, slot0, count, xs); /* while the weights load */
-#pragma unroll
-        for (int i = 0; i < PF; i++) {
-            if (i < n) {
-#pragma unroll
-                for (int b = 0; b < 2; b++) {
-                    const int64_t kw = (int64_t)(base + i) * 16 + b * 8 + q; /* word of column 2q */
-                    uint32_t B[2][4];
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++) {
-                        const int row = nt * 8 + g;
-                        B[nt][0] = B[nt][1] = B[nt][2] = B[nt][3] = 0;
-                        if (row < count) {
-                            B[nt][0] = xs[row * xs_w + kw];
-                            B[nt][1] = xs[row * xs_w + kw + 4];
-                            if (SPLIT) {
-                                B[nt][2] = xs[copy + row * xs_w + kw];
-                                B[nt][3] = xs[copy + row * xs_w + kw + 4];
-                            }
-                        }
-                    }
-                    uint32_t A[4];
-                    if (WK < 2) {
-                        const uint32_t word = b ? wq[i].y : wq[i].x;
-                        A[0] = e2m1x2_f16<0>(word);
-                        A[1] = e2m1x2_f16<1>(word);
-                        A[2] = e2m1x2_f16<2>(word);
-                        A[3] = e2m1x2_f16<3>(word);
-                        if (ACT == 2)
-#pragma unroll
-                            for (int j = 0; j < 4; j++) A[j] = f16x2_to_bf16x2(A[j]);
-                    } else {
-                        A[0] = wd[i][b].x;
-                        A[1] = wd[i][b].y;
-                        A[2] = wd[i][b].z;
-                        A[3] = wd[i][b].w;
-                    }
-                    float e_lo = 0.f, e_hi = 0.f;
-                    if (WK == 0) {
-                        e_lo = __half2float(__ushort_as_half((unsigned short)(s_lo[i] >> (16 * b)))) * 16384.0f;
-                        e_hi = __half2float(__ushort_as_half((unsigned short)(s_hi[i] >> (16 * b)))) * 16384.0f;
-                    } else if (WK == 1) {
-                        e_lo = cu_raw_eff((s_lo[i] >> (8 * b)) & 0xffu, glob.x, W.conv) * 16384.0f;
-                        e_hi = cu_raw_eff((s_hi[i] >> (8 * b)) & 0xffu, glob.y, W.conv) * 16384.0f;
-                    }
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++) {
-                        if (WK < 2) {
-                            float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
-                            mma16816<ACT>(A, B[nt][0], B[nt][1], d0, d1, d2, d3);
-                            acc[nt][0] = __fmaf_rn(e_lo, d0, acc[nt][0]);
-                            acc[nt][1] = __fmaf_rn(e_lo, d1, acc[nt][1]);
-                            acc[nt][2] = __fmaf_rn(e_hi, d2, acc[nt][2]);
-                            acc[nt][3] = __fmaf_rn(e_hi, d3, acc[nt][3]);
-                        } else {
-                            mma16816<2>(A, B[nt][0], B[nt][1], acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
-                            if (SPLIT)
-                                mma16816<2>(A, B[nt][2], B[nt][3], acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
-                        }
-                    }
-                }
-            }
-        }
+        mm_compute<WK, ACT, NT, PF>(a, mat, base, n, count, xs, lane, r, acc);
         if (base + PF >= k1) break;
     }
 }
@@ -390,6 +415,30 @@ __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int
         }
 }
 
+/* Group gy of the call: its matrix, slot count and slot list (plist, or slot0 + j); false when
+ * the group does not exist (the grid is sized for the most groups there can be). */
+__device__ __forceinline__ bool mm_group(const mm_args &a, int64_t gy, int64_t &mat, int &count, const int32_t *&plist,
+                                         int64_t &slot0)
+{
+    const cu_mm_call &c = a.c;
+    slot0 = 0;
+    plist = nullptr;
+    if (c.perm) {
+        if (gy >= *c.n_groups) return false;
+        mat = c.g_mat[gy];
+        count = c.g_count[gy];
+        plist = c.perm + c.g_start[gy];
+    } else {
+        slot0 = gy * c.pack;
+        if (slot0 >= c.nslots) return false;
+        count = (int)(c.nslots - slot0 < c.pack ? c.nslots - slot0 : c.pack);
+        mat = c.ids ? c.ids[slot0] : 0;
+    }
+    if (count > a.xrows) count = a.xrows; /* never: xrows bounds every group */
+    mat = mat * c.mats_per_expert + c.mat_off;
+    return true;
+}
+
 /* ==== kernels ================================================================================ */
 
 template <int WK, int ACT, int NTMAX>
@@ -399,23 +448,10 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, NTMAX == 1 ? 3 : 2) k_mm(mm
     extern __shared__ uint32_t xs[];
     const cu_mm_call &c = a.c;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t gy = blockIdx.y;
-    int64_t mat, slot0 = 0;
+    int64_t mat, slot0;
     int count;
-    const int32_t *plist = nullptr;
-    if (c.perm) {
-        if (gy >= *c.n_groups) return;
-        mat = c.g_mat[gy];
-        count = c.g_count[gy];
-        plist = c.perm + c.g_start[gy];
-    } else {
-        slot0 = gy * c.pack;
-        if (slot0 >= c.nslots) return;
-        count = (int)(c.nslots - slot0 < c.pack ? c.nslots - slot0 : c.pack);
-        mat = c.ids ? c.ids[slot0] : 0;
-    }
-    if (count > a.xrows) count = a.xrows; /* never: xrows bounds every group */
-    mat = mat * c.mats_per_expert + c.mat_off;
+    const int32_t *plist;
+    if (!mm_group(a, blockIdx.y, mat, count, plist, slot0)) return;
     const int NC = a.geo.NC, chunk = a.geo.chunk, KS = a.geo.KS;
     const int nk = a.split ? NC : 1, rpb = MM_MAX_WARPS / nk;
     const int kw = warp % nk, rtl = warp / nk;
