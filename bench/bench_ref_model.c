@@ -128,7 +128,7 @@ static void bench_layer(const int *threads, int nt, int64_t ctx)
     const int64_t H = 2048, E = 512, I = 512, K = 10;
     const ref_numerics nx = {TD_ACCUM_FP32, TD_SCALE_EXACT, TD_FAULT_NONE};
     /* GDN */
-    ref_gdn_dims gd = {H, 16, 32, 128, 128, 4, 1e-6f};
+    ref_gdn_dims gd = {H, 16, 32, 128, 128, 4, 1e-6f, false, false};
     const int64_t C = ref_gdn_channels(&gd);
     uint16_t *wqkvz = bf16_rand(&r, 12288 * H, 0.02f), *wba = bf16_rand(&r, 64 * H, 0.02f);
     uint16_t *wout = bf16_rand(&r, H * 4096, 0.02f);
