@@ -30,6 +30,7 @@ void ref_qsa_ws_free(ref_qsa_ws *ws)
     free(ws->rope);
     free(ws->scores);
     free(ws->pairs);
+    free(ws->bscore);
     free(ws->sel);
     free(ws->nsel);
     *ws = (ref_qsa_ws){0};
@@ -105,21 +106,6 @@ static void prep_item(void *ctx, int64_t t, int worker)
     memcpy(c->c->ki + (c->len0 + t) * di, iq + ih * di, (size_t)di * sizeof(float));
 }
 
-static int pair_cmp(const void *pa, const void *pb)
-{
-    const ref_qsa_pair *a = pa, *b = pb;
-    const bool na = isnan(a->score), nb = isnan(b->score);
-    if (na != nb) return na ? 1 : -1;
-    if (!na && a->score != b->score) return a->score > b->score ? -1 : 1;
-    return (a->id > b->id) - (a->id < b->id);
-}
-
-static int id_cmp(const void *pa, const void *pb)
-{
-    const int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
-    return (a > b) - (a < b);
-}
-
 /* Per token: block scores and the selected blocks (ascending ids). */
 static void select_item(void *ctx, int64_t t, int worker)
 {
@@ -133,7 +119,8 @@ static void select_item(void *ctx, int64_t t, int worker)
         c->ws->nsel[t] = nb;
         return;
     }
-    ref_qsa_pair *pr = c->ws->pairs + (int64_t)worker * c->pairs_stride;
+    ref_topk_pair *pr = c->ws->pairs + (int64_t)worker * c->pairs_stride;
+    float *sc = c->ws->bscore + (int64_t)worker * c->pairs_stride;
     const float *qn = c->ws->iqn + t * ih * di;
     for (int64_t b = 0; b < nb; b++) {
         const float *kb = c->c->kb + b * di;
@@ -143,12 +130,9 @@ static void select_item(void *ctx, int64_t t, int worker)
             for (int64_t e = 0; e < di; e++) dot = dot + qn[h * di + e] * kb[e];
             acc = acc + (dot > 0.0f ? dot : 0.0f);
         }
-        pr[b].score = acc * c->iscale;
-        pr[b].id = (int32_t)b;
+        sc[b] = acc * c->iscale;
     }
-    qsort(pr, (size_t)nb, sizeof *pr, pair_cmp);
-    for (int64_t i = 0; i < d->topk; i++) sel[i] = pr[i].id;
-    qsort(sel, (size_t)d->topk, sizeof *sel, id_cmp);
+    ref_topk_torch(sc, nb, d->topk, pr, sel);
     c->ws->nsel[t] = d->topk;
 }
 
@@ -228,6 +212,7 @@ td_status ref_qsa_run(const ref_qsa_weights *w, const ref_qsa_dims *d, const ref
     if (!st) st = ref_grow(&ws->rope, &ws->cap_rope, (m + 1) * a->rot, err);
     if (!st) st = ref_grow(&ws->scores, &ws->cap_scores, workers * sstride, err);
     if (!st) st = grow_bytes((void **)&ws->pairs, &ws->cap_pairs, workers * nbmax, sizeof *ws->pairs, err);
+    if (!st) st = ref_grow(&ws->bscore, &ws->cap_bscore, workers * nbmax, err);
     if (!st) st = grow_bytes((void **)&ws->sel, &ws->cap_sel, m * d->topk, sizeof *ws->sel, err);
     if (!st) st = grow_bytes((void **)&ws->nsel, &ws->cap_nsel, m, sizeof *ws->nsel, err);
     if (st) return st;

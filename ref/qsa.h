@@ -12,10 +12,11 @@
  *      kb = RoPE(RMSNorm_zc(mean; k_layernorm), B b). Block keys are cached.
  *   4. nb(t) = floor((p + 1) / B) complete blocks; score_b = fl32(acc * fl32(1/sqrt(di))),
  *      acc = sum over h ascending from +0 of relu(dot(qi_h, kb)) (dot ascending from +0).
- *   5. Selected = the min(topk, nb) best blocks, topk = budget / B: score descending, ties to
- *      the LOWER block id (torch.topk leaves ties implementation-defined; a NaN score ranks
- *      below every number). Sel(t) = the tokens of the selected blocks plus the open tail
- *      B nb .. p, visited in ascending position order for the softmax and the weighted sum.
+ *   5. Selected = the min(topk, nb) best blocks, topk = budget / B, chosen by ref_topk_torch (topk.h):
+ *      equal scores (ReLU makes exact zeros common) resolve as torch.topk on the CPU resolves
+ *      them, a NaN score ranks above every number. Sel(t) = the tokens of the selected blocks
+ *      plus the open tail B nb .. p, visited in ascending position order for the softmax and
+ *      the weighted sum.
  * With nb <= topk every earlier token is selected and QSA is dense causal attention.
  * Work is split across tokens (prep, scoring) and (token, head) pairs (attention); results do
  * not depend on the thread count, and prefill(n) + decode(1) equals prefill(n + 1) bit for bit.
@@ -27,6 +28,7 @@
 #define TD_REF_QSA_H
 
 #include "attn.h"
+#include "topk.h"
 
 typedef struct ref_qsa_dims {
     ref_attn_dims a;
@@ -48,17 +50,13 @@ typedef struct ref_qsa_cache {
     int64_t nblocks;            /* block keys computed */
 } ref_qsa_cache;
 
-typedef struct ref_qsa_pair {
-    float score;
-    int32_t id;
-} ref_qsa_pair;
-
 typedef struct ref_qsa_ws {
     ref_mm_ws mm;
     float *qg, *q, *k, *v, *o, *iq, *iqn, *rope, *scores;
     int64_t cap_qg, cap_q, cap_k, cap_v, cap_o, cap_iq, cap_iqn, cap_rope, cap_scores;
-    ref_qsa_pair *pairs;        /* [workers, max blocks] */
-    int64_t cap_pairs;
+    ref_topk_pair *pairs;       /* [workers, max blocks] */
+    float *bscore;              /* [workers, max blocks] block scores */
+    int64_t cap_pairs, cap_bscore;
     int32_t *sel;               /* [M, topk] */
     int64_t *nsel;              /* [M] */
     int64_t cap_sel, cap_nsel;
