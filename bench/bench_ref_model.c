@@ -1,6 +1,6 @@
 /* bench_ref_model.c — throughput of the reference engine's full qwen3_next model.
  *
- *   build/release/bench/bench_ref_model [--tiny] [--layer] [--threads LIST] [--ctx N]
+ *   build/release/bench/bench_ref_model [--tiny] [--layer] [--flash] [--threads LIST] [--ctx N]
  *
  * --tiny   generates `qwen3-next-tiny` (NVFP4, 64 experts, 8 layers) in a scratch directory
  *          (TMPDIR or /tmp), then per thread count: prefill of 32 tokens (tokens/s) and 32
@@ -11,6 +11,11 @@
  *          NVFP4 routed experts with scales in 73..126): time of one decode token per block
  *          (attention with a KV cache of --ctx tokens, default 1024), and of a 16-token
  *          prefill chunk per block, per thread count. A full layer = mixer + MoE.
+ * --flash  one qwen4_exp (Qwen3.8-Flash-Next) layer at the release shape (hidden 2560, 4 HC
+ *          streams of rank 320; GDN split layout 16/48 heads of 128, sigmoid gate; QSA 24/2 heads
+ *          of 256, rotary 64, indexer 4 x 128, blocks of 4, 512 blocks kept, over a cache of --ctx
+ *          random tokens; MoE 512 NVFP4 experts x 640, top-10, shared 640; the PLE block with
+ *          16 heads x 160 and a small table), BF16 projections: ms per block for 1 and 16 tokens.
  * Default: --tiny --layer, threads 1,2. Results are checked identical across thread counts.
  */
 #include "engine.h"
@@ -20,6 +25,9 @@
 #include "audit/engines.h"
 #include "ref/attn.h"
 #include "ref/gdn.h"
+#include "ref/hc.h"
+#include "ref/ple.h"
+#include "ref/qsa.h"
 #include "ref/moe.h"
 #include "ref/pool.h"
 
@@ -128,7 +136,7 @@ static void bench_layer(const int *threads, int nt, int64_t ctx)
     const int64_t H = 2048, E = 512, I = 512, K = 10;
     const ref_numerics nx = {TD_ACCUM_FP32, TD_SCALE_EXACT, TD_FAULT_NONE};
     /* GDN */
-    ref_gdn_dims gd = {H, 16, 32, 128, 128, 4, 1e-6f};
+    ref_gdn_dims gd = {H, 16, 32, 128, 128, 4, 1e-6f, false, false};
     const int64_t C = ref_gdn_channels(&gd);
     uint16_t *wqkvz = bf16_rand(&r, 12288 * H, 0.02f), *wba = bf16_rand(&r, 64 * H, 0.02f);
     uint16_t *wout = bf16_rand(&r, H * 4096, 0.02f);
@@ -245,14 +253,230 @@ static void bench_layer(const int *threads, int nt, int64_t ctx)
     free(y);
 }
 
+/* One Flash-Next (qwen4_exp) layer of each kind at the release shape, blocks timed separately. */
+static void bench_flash(const int *threads, int nt, int64_t ctx)
+{
+    td_rng r;
+    td_rng_seed(&r, 6);
+    const int64_t H = 2560, S = 4, P = S * H, R = 320, E = 512, I = 640, K = 10, M = 16;
+    const ref_numerics nx = {TD_ACCUM_FP32, TD_SCALE_EXACT, TD_FAULT_NONE};
+    /* HC mix (attention side; the MLP side has the same cost) */
+    ref_hc_dims hd = {H, S, R, 1e-6f};
+    uint16_t *hdn = bf16_rand(&r, R * P, 0.01f), *hup = bf16_rand(&r, P * R, 0.05f), *hin = bf16_rand(&r, S * P, 0.01f);
+    float *hnorm = f32_rand(&r, P, 0.1f, 0);
+    ref_hc_weights hw = {.norm = hnorm, .has_inject = true};
+    ref_linear_dense(&hw.down, TD_BF16, R, P, hdn);
+    ref_linear_dense(&hw.up, TD_BF16, P, R, hup);
+    ref_linear_dense(&hw.inject, TD_BF16, S, P, hin);
+    /* GDN, split layout, sigmoid gate: 16 key / 48 value heads of 128 */
+    ref_gdn_dims gd = {.hidden = H, .nk = 16, .nv = 48, .dk = 128, .dv = 128, .kconv = 4, .eps = 1e-6f,
+                       .split = true, .sigmoid_gate = true};
+    const int64_t C = ref_gdn_channels(&gd);
+    uint16_t *wqkv = bf16_rand(&r, C * H, 0.02f), *wz = bf16_rand(&r, 6144 * H, 0.02f);
+    uint16_t *wb = bf16_rand(&r, 48 * H, 0.02f), *wa = bf16_rand(&r, 48 * H, 0.02f), *wout = bf16_rand(&r, H * 6144, 0.02f);
+    float *conv = f32_rand(&r, C * 4, 0.5f, 0), *alog = f32_rand(&r, 48, 0.5f, 1), *dtb = f32_rand(&r, 48, 0.5f, 0);
+    float *gnw = f32_rand(&r, 128, 0.1f, 1);
+    ref_gdn_weights gw = {.conv_w = conv, .A_log = alog, .dt_bias = dtb, .norm_w = gnw};
+    ref_linear_dense(&gw.qkv, TD_BF16, C, H, wqkv);
+    ref_linear_dense(&gw.z, TD_BF16, 6144, H, wz);
+    ref_linear_dense(&gw.b, TD_BF16, 48, H, wb);
+    ref_linear_dense(&gw.a, TD_BF16, 48, H, wa);
+    ref_linear_dense(&gw.out, TD_BF16, H, 6144, wout);
+    /* QSA: 24 query / 2 KV heads of 256, rotary 64, indexer 4 x 128, blocks of 4, 512 blocks */
+    ref_qsa_dims qd = {.a = {H, 24, 2, 256, 64, 1e7, 1e-6f}, .idx_heads = 4, .idx_dim = 128, .block = 4, .topk = 512};
+    uint16_t *wq = bf16_rand(&r, 12288 * H, 0.02f), *wk = bf16_rand(&r, 512 * H, 0.02f);
+    uint16_t *wv = bf16_rand(&r, 512 * H, 0.02f), *wo = bf16_rand(&r, H * 6144, 0.02f), *wi = bf16_rand(&r, 640 * H, 0.02f);
+    float *qn = f32_rand(&r, 256, 0.1f, 0), *kn = f32_rand(&r, 256, 0.1f, 0);
+    float *qln = f32_rand(&r, 128, 0.1f, 0), *kln = f32_rand(&r, 128, 0.1f, 0);
+    ref_qsa_weights qw = {.a = {.q_norm = qn, .k_norm = kn}, .q_ln = qln, .k_ln = kln};
+    ref_linear_dense(&qw.a.q, TD_BF16, 12288, H, wq);
+    ref_linear_dense(&qw.a.k, TD_BF16, 512, H, wk);
+    ref_linear_dense(&qw.a.v, TD_BF16, 512, H, wv);
+    ref_linear_dense(&qw.a.o, TD_BF16, H, 6144, wo);
+    ref_linear_dense(&qw.idx, TD_BF16, 640, H, wi);
+    /* MoE: 512 NVFP4 experts x 640, top-10, BF16 router and shared expert 640 */
+    const int64_t pb = I * H / 2, sb = I * H / 16;
+    uint8_t *packed = xmalloc((size_t)(E * 3 * pb)), *scales = xmalloc((size_t)(E * 3 * sb));
+    for (int64_t i = 0; i < E * 3 * pb; i += 8) {
+        const uint64_t u = td_rng_u64(&r);
+        memcpy(packed + i, &u, 8);
+    }
+    for (int64_t i = 0; i < E * 3 * sb; i++) scales[i] = (uint8_t)(73 + td_rng_below(&r, 54));
+    ref_expert *ex = xmalloc((size_t)E * sizeof *ex);
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t b = e * 3;
+        ref_linear_nvfp4(&ex[e].gate, TD_NVFP4_MODELOPT, I, H, packed + b * pb, scales + b * sb, 1e-4f);
+        ref_linear_nvfp4(&ex[e].up, TD_NVFP4_MODELOPT, I, H, packed + (b + 1) * pb, scales + (b + 1) * sb, 1e-4f);
+        ref_linear_nvfp4(&ex[e].down, TD_NVFP4_MODELOPT, H, I, packed + (b + 2) * pb, scales + (b + 2) * sb, 1e-4f);
+    }
+    uint16_t *wr = bf16_rand(&r, E * H, 0.02f), *sg = bf16_rand(&r, I * H, 0.02f), *su = bf16_rand(&r, I * H, 0.02f);
+    uint16_t *sd = bf16_rand(&r, H * I, 0.02f), *sgate = bf16_rand(&r, H, 0.02f);
+    ref_moe_weights mw = {.hidden = H, .n_experts = E, .top_k = K, .inter = I, .shared_inter = I,
+                          .norm_topk_prob = true, .has_router = true, .experts = ex, .has_shared = true};
+    ref_linear_dense(&mw.router, TD_BF16, E, H, wr);
+    ref_linear_dense(&mw.shared.gate, TD_BF16, I, H, sg);
+    ref_linear_dense(&mw.shared.up, TD_BF16, I, H, su);
+    ref_linear_dense(&mw.shared.down, TD_BF16, H, I, sd);
+    ref_linear_dense(&mw.shared_gate, TD_BF16, 1, H, sgate);
+    const ref_moe_opts mo = {nx, TD_ACT_FP32, 1, 0};
+    /* PLE block (layer 1): 16 heads x 160, kernel 4 dilation 3; a small F32 table (the lookup is
+     * one row per head and token, its size does not change the cost) */
+    ref_ple_dims pd = {.hidden = H, .hc = S, .embed_dim = H, .ngram = 3, .heads_per_ngram = 8, .heads = 16,
+                       .head_dim = 160, .kconv = 4, .dilation = 3, .eos = 248044, .vocab = 248320, .eps = 1e-6f};
+    uint16_t *pk = bf16_rand(&r, P * H, 0.02f), *pv = bf16_rand(&r, H * H, 0.02f);
+    float *pnk = f32_rand(&r, P, 0.1f, 0), *pnq = f32_rand(&r, P, 0.1f, 0), *pnc = f32_rand(&r, P, 0.1f, 0);
+    float *pconv = f32_rand(&r, P * 4, 0.5f, 0);
+    ref_ple_weights pw = {.norm_key = pnk, .norm_query = pnq, .norm_conv = pnc, .conv_w = pconv};
+    ref_linear_dense(&pw.key, TD_BF16, P, H, pk);
+    ref_linear_dense(&pw.value, TD_BF16, H, H, pv);
+    ref_ple_multipliers(1234, 0, pd.vocab, pd.ngram, pw.mult);
+    int64_t rows = 0;
+    for (int h = 0; h < 16; h++) {
+        pw.sizes[h] = 1009 + 4 * h;
+        pw.offsets[h] = rows;
+        rows += pw.sizes[h];
+    }
+    float *table = f32_rand(&r, rows * 160, 0.1f, 0);
+    const uint8_t *shard = (const uint8_t *)table;
+    pw.table = (ref_ple_table){1, rows, 160, TD_F32, &shard, 1.0f};
+
+    float *X = f32_rand(&r, M * P, 1.0f, 0), *Xc = xmalloc((size_t)(M * P) * sizeof *Xc);
+    float *x = f32_rand(&r, M * H, 1.0f, 0), *y = xmalloc((size_t)(M * P) * sizeof *y), *inj = xmalloc(M * S * sizeof *inj);
+    int32_t tok[16];
+    for (int i = 0; i < 16; i++) tok[i] = (int32_t)td_rng_below(&r, 248320);
+    float *kv_k = f32_rand(&r, ctx * 512, 1.0f, 0), *kv_v = f32_rand(&r, ctx * 512, 1.0f, 0);
+    float *ki = f32_rand(&r, ctx * 128, 1.0f, 0), *kb = f32_rand(&r, (ctx / 4 + 1) * 128, 1.0f, 0);
+    printf("\nreal qwen4_exp (Flash-Next) layer shape (hidden 2560, 4 HC streams, QSA ctx %lld = %lld blocks, "
+           "512 experts x 640 top-10 + shared), ms per call, best of 3\n",
+           (long long)ctx, (long long)(ctx / 4));
+    printf("| threads | tokens | HC mix | HC combine | GDN | QSA | MoE | PLE | GDN layer | QSA layer |\n"
+           "|---|---|---|---|---|---|---|---|---|---|\n");
+    float *first = xmalloc((size_t)(M * P) * sizeof *first);
+    for (int ti = 0; ti < nt; ti++) {
+        ref_pool *pool;
+        td_err err = {0};
+        if (ref_pool_new(threads[ti], &pool, &err)) die("pool", &err);
+        ref_hc_ws hws = {0};
+        ref_gdn_ws gws = {0};
+        ref_qsa_ws qws = {0};
+        ref_moe_ws mws = {0};
+        ref_ple_ws pws = {0};
+        if (ref_moe_ws_reserve(&mws, &mw, M, threads[ti], &err)) die("moe ws", &err);
+        const int64_t ms[2] = {1, M};
+        for (int j = 0; j < 2; j++) {
+            const int64_t m = ms[j];
+            double best[6];
+            for (int k = 0; k < 6; k++) best[k] = 1e30;
+            for (int rep = 0; rep < 3; rep++) {
+                ref_gdn_state gs = {0};
+                ref_ple_state ps = {0};
+                if (ref_gdn_state_init(&gs, &gd, &err)) die("gdn state", &err);
+                if (ref_ple_state_init(&ps, &pd, &err)) die("ple state", &err);
+                /* a QSA cache of ctx random tokens (K/V, raw indexer keys, block keys) */
+                ref_qsa_cache qc = {.len = ctx, .cap = ctx, .kw = 512, .nblocks = ctx / 4};
+                qc.k = xmalloc((size_t)(ctx * 512) * sizeof(float));
+                qc.v = xmalloc((size_t)(ctx * 512) * sizeof(float));
+                qc.ki = xmalloc((size_t)(ctx * 128) * sizeof(float));
+                qc.kb = xmalloc((size_t)((ctx / 4 + 1) * 128) * sizeof(float));
+                memcpy(qc.k, kv_k, (size_t)(ctx * 512) * sizeof(float));
+                memcpy(qc.v, kv_v, (size_t)(ctx * 512) * sizeof(float));
+                memcpy(qc.ki, ki, (size_t)(ctx * 128) * sizeof(float));
+                memcpy(qc.kb, kb, (size_t)((ctx / 4 + 1) * 128) * sizeof(float));
+                memcpy(Xc, X, (size_t)(m * P) * sizeof *Xc);
+                double t[7];
+                t[0] = now_s();
+                if (ref_hc_mix(&hw, &hd, &nx, pool, &hws, Xc, m, x, inj, &err)) die("hc mix", &err);
+                t[1] = now_s();
+                ref_hc_combine(&hd, Xc, x, inj, m);
+                t[2] = now_s();
+                if (ref_gdn_run(&gw, &gd, &nx, &REF_ROWPAR_PLAIN, pool, &gws, &gs, x, m, y, &err)) die("gdn", &err);
+                t[3] = now_s();
+                if (ref_qsa_run(&qw, &qd, &nx, pool, &qws, &qc, x, m, y, NULL, &err)) die("qsa", &err);
+                t[4] = now_s();
+                if (ref_moe_run(&mw, &mo, pool, &mws, x, m, NULL, NULL, y, &err)) die("moe", &err);
+                t[5] = now_s();
+                if (ref_ple_run(&pw, &pd, &nx, pool, &pws, &ps, Xc, tok, m, y, &err)) die("ple", &err);
+                t[6] = now_s();
+                for (int k = 0; k < 6; k++) best[k] = fmin(best[k], t[k + 1] - t[k]);
+                ref_gdn_state_free(&gs);
+                ref_ple_state_free(&ps);
+                ref_qsa_cache_free(&qc);
+            }
+            if (j == 1) {
+                if (ti == 0) memcpy(first, y, (size_t)(m * P) * sizeof *first);
+                else if (memcmp(first, y, (size_t)(m * P) * sizeof *first)) die("thread counts disagree", NULL);
+            }
+            /* a layer = 2 HC mixes + 2 combines + mixer + MoE */
+            const double hc = 2 * (best[0] + best[1]);
+            printf("| %d | %lld | %.2f | %.3f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", threads[ti], (long long)m,
+                   1e3 * best[0], 1e3 * best[1], 1e3 * best[2], 1e3 * best[3], 1e3 * best[4], 1e3 * best[5],
+                   1e3 * (hc + best[2] + best[4]), 1e3 * (hc + best[3] + best[4]));
+        }
+        ref_hc_ws_free(&hws);
+        ref_gdn_ws_free(&gws);
+        ref_qsa_ws_free(&qws);
+        ref_moe_ws_free(&mws);
+        ref_ple_ws_free(&pws);
+        ref_pool_free(pool);
+    }
+    free(first);
+    free(hdn);
+    free(hup);
+    free(hin);
+    free(hnorm);
+    free(wqkv);
+    free(wz);
+    free(wb);
+    free(wa);
+    free(wout);
+    free(conv);
+    free(alog);
+    free(dtb);
+    free(gnw);
+    free(wq);
+    free(wk);
+    free(wv);
+    free(wo);
+    free(wi);
+    free(qn);
+    free(kn);
+    free(qln);
+    free(kln);
+    free(packed);
+    free(scales);
+    free(ex);
+    free(wr);
+    free(sg);
+    free(su);
+    free(sd);
+    free(sgate);
+    free(pk);
+    free(pv);
+    free(pnk);
+    free(pnq);
+    free(pnc);
+    free(pconv);
+    free(table);
+    free(X);
+    free(Xc);
+    free(x);
+    free(y);
+    free(inj);
+    free(kv_k);
+    free(kv_v);
+    free(ki);
+    free(kb);
+}
+
 int main(int argc, char **argv)
 {
-    bool tiny = false, layer = false;
+    bool tiny = false, layer = false, flash = false;
     int threads[16] = {1, 2}, nt = 2;
     long ctx = 1024;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tiny")) tiny = true;
         else if (!strcmp(argv[i], "--layer")) layer = true;
+        else if (!strcmp(argv[i], "--flash")) flash = true;
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) {
             ctx = strtol(argv[++i], NULL, 10);
             if (ctx < 1 || ctx > (1 << 20)) die("--ctx", NULL);
@@ -267,12 +491,13 @@ int main(int argc, char **argv)
                 if (*end && *end != ',') die("--threads", NULL);
             }
         } else {
-            fprintf(stderr, "usage: bench_ref_model [--tiny] [--layer] [--threads LIST] [--ctx N]\n");
+            fprintf(stderr, "usage: bench_ref_model [--tiny] [--layer] [--flash] [--threads LIST] [--ctx N]\n");
             return 2;
         }
     }
-    if (!tiny && !layer) tiny = layer = true;
+    if (!tiny && !layer && !flash) tiny = layer = true;
     if (tiny) bench_tiny(threads, nt);
     if (layer) bench_layer(threads, nt, (int64_t)ctx);
+    if (flash) bench_flash(threads, nt, (int64_t)ctx);
     return 0;
 }

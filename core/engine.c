@@ -530,6 +530,7 @@ bool td_tap_known(const char *name)
     static const char *const per_layer[] = {
         "hc_attn.mix", "attn.out", "gdn.out", "moe.router_logits", "moe.topk", "moe.topk_weights",
         "moe.expert_act", "moe.expert_out", "moe.shared_out", "moe.out", "ple.out", "resid",
+        "hc_attn.inject", "hc_attn.combine", "hc_mlp.mix", "hc_mlp.inject", "hc_mlp.combine", "qsa.blocks",
     };
     if (!name) return false;
     for (size_t i = 0; i < TD_ARRAY_LEN(global); i++)

@@ -65,7 +65,9 @@
  * - Tap names are stable (they are the keys of the results store): per layer
  *   `L{l}.hc_attn.mix`, `L{l}.attn.out`, `L{l}.gdn.out`, `L{l}.moe.router_logits`,
  *   `L{l}.moe.topk`, `L{l}.moe.topk_weights`, `L{l}.moe.expert_act`, `L{l}.moe.expert_out`,
- *   `L{l}.moe.shared_out`, `L{l}.moe.out`, `L{l}.ple.out`, `L{l}.resid`; global
+ *   `L{l}.moe.shared_out`, `L{l}.moe.out`, `L{l}.ple.out`, `L{l}.resid`; qwen4_exp also
+ *   `L{l}.hc_attn.inject`, `L{l}.hc_attn.combine`, `L{l}.hc_mlp.mix`, `L{l}.hc_mlp.inject`,
+ *   `L{l}.hc_mlp.combine`, `L{l}.qsa.blocks` (I32 selected block ids); global
  *   `final.hidden`, `logits`. td_tap_known() checks a name against this list.
  * - td_taps_put() copies the data into a buffer owned by the set (grown when needed, reused
  *   across calls); a later put of the same name replaces it. td_taps_reset() forgets what was

@@ -34,6 +34,7 @@
 #include "attn.h"
 #include "gdn.h"
 #include "layout.h"
+#include "model_flash.h"
 #include "moe.h"
 #include "norm.h"
 #include "quant.h"
@@ -62,6 +63,7 @@ typedef struct ref_seq {
     bool used;
     ref_kv *kv;                 /* [layers] (attention layers) */
     ref_gdn_state *gdn;         /* [layers] (GDN layers) */
+    ref_flash_seq *fs;          /* qwen4_exp: the whole state (model_flash.h) */
 } ref_seq;
 
 typedef struct ref_engine {
@@ -92,6 +94,7 @@ typedef struct ref_engine {
     int64_t n_seqs, cap_seqs;
     float *h, *xn, *tmp;
     int64_t cap_h, cap_xn, cap_tmp;
+    ref_flash *flash;           /* qwen4_exp whole model (model_flash.h), NULL otherwise */
 } ref_engine;
 
 /* ==== tensors ================================================================================ */
@@ -314,6 +317,7 @@ static void ref_free(td_engine *base)
     ref_engine *r = (ref_engine *)base;
     for (int64_t i = 0; i < r->n_seqs; i++) seq_release(r, &r->seqs[i]);
     free(r->seqs);
+    ref_flash_free(r->flash);
     if (r->layers) {
         for (int64_t l = 0; l < r->cfg.num_hidden_layers; l++) {
             free(r->layers[l].experts);
@@ -388,6 +392,8 @@ static td_status ref_load(const char *checkpoint, const td_variant *v, td_engine
                            .dk = c->linear_key_head_dim, .dv = c->linear_value_head_dim,
                            .kconv = c->linear_conv_kernel_dim, .eps = (float)c->rms_norm_eps};
     st = ref_pool_new(v->threads, &r->pool, err);
+    if (!st && c->family == TD_FAMILY_QWEN4_EXP)
+        st = ref_flash_new(c, r->set, &r->quant, r->prefix, &r->opts.nx, r->pool, &r->flash, err);
     if (st) goto fail;
     *out = &r->base;
     return TD_OK;
@@ -562,9 +568,13 @@ static td_status load_mixer(ref_engine *r, int64_t L, td_err *err)
 static td_status model_supported(ref_engine *r, td_err *err)
 {
     const td_config *c = &r->cfg;
-    if (c->family != TD_FAMILY_QWEN3_NEXT)
-        return td_err_set(err, TD_ERR_UNSUPPORTED, "engine ref: prefill/decode support model_type qwen3_next only (%s is %s)",
-                          r->dir, td_family_name(c->family));
+    if (c->family != TD_FAMILY_QWEN3_NEXT && !r->flash)
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "engine ref: prefill/decode support model_types qwen3_next and "
+                          "qwen4_exp only (%s is %s)", r->dir, td_family_name(c->family));
+    if (r->flash && (r->opts.act != TD_ACT_FP32 || r->opts.tp_size > 1))
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "engine ref: qwen4_exp prefill/decode run with act_dtype=fp32 and "
+                          "tp_size=1 only (this variant: act_dtype=%s, tp_size=%d)", td_act_dtype_name(r->opts.act),
+                          r->opts.tp_size);
     if (c->n_layers_present > 0)
         return td_err_set(err, TD_ERR_UNSUPPORTED, "engine ref: %s holds a subset of the layers "
                           "(tandem_layers_present); prefill/decode need every layer", r->dir);
@@ -587,6 +597,7 @@ static void seq_release(ref_engine *r, ref_seq *s)
         for (int64_t L = 0; L < r->cfg.num_hidden_layers; L++) ref_gdn_state_free(&s->gdn[L]);
     free(s->kv);
     free(s->gdn);
+    ref_flash_seq_free(r->flash, s->fs);
     *s = (ref_seq){0};
 }
 
@@ -616,6 +627,14 @@ static td_status seq_new(ref_engine *r, int64_t id, ref_seq **out, td_err *err)
         *s = (ref_seq){0};
     }
     const int64_t NL = r->cfg.num_hidden_layers;
+    if (r->flash) {
+        td_status st = ref_flash_seq_new(r->flash, &s->fs, err);
+        if (st) return st;
+        s->id = id;
+        s->used = true;
+        *out = s;
+        return TD_OK;
+    }
     s->kv = calloc((size_t)NL, sizeof *s->kv);
     s->gdn = calloc((size_t)NL, sizeof *s->gdn);
     if (!s->kv || !s->gdn) {
@@ -648,10 +667,27 @@ static void round_rows(float *x, int64_t n, td_act_dtype act)
     for (int64_t i = 0; i < n; i++) x[i] = ref_round_act(x[i], act);
 }
 
+/* The MoE block of layer L on x [m, H] (qwen4_exp forward's callback). */
+static td_status flash_moe(void *ctx, int64_t L, const float *x, int64_t m, float *out, td_err *err)
+{
+    ref_engine *r = ctx;
+    td_status st = load_layer(r, L, err);
+    if (st) return st;
+    const ref_layer *ly = &r->layers[L];
+    st = ref_moe_ws_reserve(&r->ws, &ly->w, m, ref_pool_threads(r->pool), err);
+    if (!st) st = ref_moe_run(&ly->w, &r->opts, r->pool, &r->ws, x, m, NULL, NULL, out, err);
+    if (!st && r->base.taps) {
+        const td_block_call bc = {.layer = L, .block = TD_BLOCK_MOE, .n_tokens = m, .input = x, .output = out};
+        st = moe_taps(r, &bc, err);
+    }
+    return st;
+}
+
 /* Run m tokens of sequence s through the model; logits [V] of the last token. */
 static td_status forward(ref_engine *r, ref_seq *s, const int32_t *tokens, int64_t m, float *logits, td_err *err)
 {
     td_engine *e = &r->base;
+    if (r->flash) return ref_flash_forward(r->flash, e, s->fs, tokens, m, flash_moe, r, logits, err);
     const td_config *c = &r->cfg;
     const int64_t H = c->hidden_size, V = c->vocab_size, NL = c->num_hidden_layers;
     const float eps = (float)c->rms_norm_eps;

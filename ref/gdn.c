@@ -132,8 +132,10 @@ static void head_item(void *ctx, int64_t j, int worker)
         const float *u = c->ws->u + t * c->C;
         const float *q = u + kh * dk, *k = u + d->nk * dk + kh * dk, *v = u + 2 * d->nk * dk + j * dv;
         const float *Qr = c->ws->Q + t * 2 * d->nv + kh * 2 * r;
-        const float beta = ref_sigmoid(Qr[j % r]);
-        const float g = -eA * ref_softplus(Qr[r + j % r] + c->w->dt_bias[j]);
+        const float bj = d->split ? c->ws->Q[t * 2 * d->nv + j] : Qr[j % r];
+        const float aj = d->split ? c->ws->Q[t * 2 * d->nv + d->nv + j] : Qr[r + j % r];
+        const float beta = ref_sigmoid(bj);
+        const float g = -eA * ref_softplus(aj + c->w->dt_bias[j]);
         const float decay = (float)exp((double)g);
         float *y = c->ws->y + t * d->nv * dv + j * dv;
         for (int64_t i = 0; i < dk * dv; i++) S[i] = S[i] * decay;
@@ -149,8 +151,12 @@ static void head_item(void *ctx, int64_t j, int worker)
             for (int64_t i = 0; i < dk; i++) acc = acc + S[i * dv + e] * q[i];
             y[e] = acc;
         }
-        const float *z = c->ws->P + t * d->nk * G + kh * G + 2 * dk + r * dv + (j % r) * dv;
-        ref_rmsnorm_gated(y, z, dv, c->w->norm_w, d->eps, y);
+        const float *z = d->split ? c->ws->P + t * d->nv * dv + j * dv
+                                  : c->ws->P + t * d->nk * G + kh * G + 2 * dk + r * dv + (j % r) * dv;
+        if (d->sigmoid_gate)
+            ref_rmsnorm_gated_sigmoid(y, z, dv, c->w->norm_w, d->eps, y);
+        else
+            ref_rmsnorm_gated(y, z, dv, c->w->norm_w, d->eps, y);
     }
 }
 
@@ -165,17 +171,24 @@ td_status ref_gdn_run(const ref_gdn_weights *w, const ref_gdn_dims *d, const ref
                           rp->tp_size, (long long)d->nk);
     td_status st = ref_rowpar_check(&w->out, rp, err);
     if (!st) st = ref_mm_reserve(&ws->mm, ref_pool_threads(pool), m, H > Y ? H : Y, err);
-    if (!st) st = ref_grow(&ws->P, &ws->cap_P, m * d->nk * G, err);
+    if (!st) st = ref_grow(&ws->P, &ws->cap_P, m * (d->split ? Y : d->nk * G), err);
     if (!st) st = ref_grow(&ws->Q, &ws->cap_Q, m * 2 * d->nv, err);
     if (!st) st = ref_grow(&ws->mixed, &ws->cap_mixed, m * C, err);
     if (!st) st = ref_grow(&ws->u, &ws->cap_u, m * C, err);
     if (!st) st = ref_grow(&ws->y, &ws->cap_y, m * Y, err);
     if (!st && rp->tp_size > 1) st = ref_grow(&ws->partial, &ws->cap_partial, m * H, err);
     if (st) return st;
-    ref_mm(&w->qkvz, nx, pool, &ws->mm, x, H, m, ws->P, d->nk * G);
-    ref_mm(&w->ba, nx, pool, &ws->mm, x, H, m, ws->Q, 2 * d->nv);
     gdn_ctx c = {w, d, ws, s, m, C};
-    ref_pool_run(pool, m, split_item, &c);
+    if (d->split) {
+        ref_mm(&w->qkv, nx, pool, &ws->mm, x, H, m, ws->mixed, C);
+        ref_mm(&w->z, nx, pool, &ws->mm, x, H, m, ws->P, Y);
+        ref_mm(&w->b, nx, pool, &ws->mm, x, H, m, ws->Q, 2 * d->nv);
+        ref_mm(&w->a, nx, pool, &ws->mm, x, H, m, ws->Q + d->nv, 2 * d->nv);
+    } else {
+        ref_mm(&w->qkvz, nx, pool, &ws->mm, x, H, m, ws->P, d->nk * G);
+        ref_mm(&w->ba, nx, pool, &ws->mm, x, H, m, ws->Q, 2 * d->nv);
+        ref_pool_run(pool, m, split_item, &c);
+    }
     ref_pool_run(pool, (C + GDN_CONV_CHUNK - 1) / GDN_CONV_CHUNK, conv_item, &c);
     ref_pool_run(pool, m, qk_item, &c);
     ref_pool_run(pool, d->nv, head_item, &c);

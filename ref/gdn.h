@@ -27,6 +27,10 @@
  *      out_proj columns of value heads [r nv/T, (r+1) nv/T); tp_rank = all reduces the ranks in
  *      rank order; the output is rounded to rp->act. Steps 1-5 are per channel / head and do
  *      not depend on TP, so only this projection is split.
+ * Split layout (dims.split, qwen4_exp, MODEL_SPEC.md B3.5): step 1 is instead mixed = in_proj_qkv
+ * x (already q | k | v), z = in_proj_z x, b = in_proj_b x, a = in_proj_a x; value head j still
+ * uses key head j / r. dims.sigmoid_gate replaces silu(z) by sigmoid(z) in step 6
+ * (ref_rmsnorm_gated_sigmoid). Everything else is unchanged.
  * exp/sigmoid/silu/softplus: double, rounded once (norm.h). Work is split across channels
  * (conv), tokens (norms) and value heads (recurrence), so results do not depend on the
  * thread count, and the token-serial recurrence makes prefill(n) + decode bit-identical to
@@ -40,14 +44,20 @@
 
 #include "rowpar.h"
 
+#include <stdbool.h>
+
 typedef struct ref_gdn_dims {
     int64_t hidden, nk, nv, dk, dv, kconv;
     float eps;                  /* gated RMSNorm eps (rms_norm_eps) */
+    bool split;                 /* qwen4_exp (B3.5): separate in_proj_qkv / z / b / a, contiguous
+                                   q | k | v rows (no per-group interleave) */
+    bool sigmoid_gate;          /* output gate sigmoid(z) instead of silu(z) (output_gate_type) */
 } ref_gdn_dims;
 
 typedef struct ref_gdn_weights {
-    ref_linear qkvz;            /* [nk (2 dk + 2 r dv), H] */
-    ref_linear ba;              /* [2 nv, H] */
+    ref_linear qkvz;            /* [nk (2 dk + 2 r dv), H] (interleaved layout) */
+    ref_linear ba;              /* [2 nv, H] (interleaved layout) */
+    ref_linear qkv, z, b, a;    /* split layout: [C, H], [nv dv, H], [nv, H], [nv, H] */
     ref_linear out;             /* [H, nv dv] */
     const float *conv_w;        /* [C, K] */
     const float *A_log;         /* [nv] */

@@ -34,6 +34,12 @@ void ref_rmsnorm_gated(const float *x, const float *z, int64_t n, const float *w
     for (int64_t i = 0; i < n; i++) y[i] = ((x[i] * inv) * w[i]) * ref_silu(z[i]);
 }
 
+void ref_rmsnorm_gated_sigmoid(const float *x, const float *z, int64_t n, const float *w, float eps, float *y)
+{
+    const float inv = rms_inv(x, n, eps);
+    for (int64_t i = 0; i < n; i++) y[i] = ((x[i] * inv) * w[i]) * ref_sigmoid(z[i]);
+}
+
 void ref_l2norm(const float *x, int64_t n, float eps, float *y)
 {
     const float inv = inv_sqrt(sumsq(x, n) + eps);

@@ -23,6 +23,9 @@
 
 void ref_rmsnorm_zc(const float *x, int64_t n, const float *w, float eps, float *y);
 void ref_rmsnorm_gated(const float *x, const float *z, int64_t n, const float *w, float eps, float *y);
+/* The gated norm with a sigmoid gate (qwen4_exp output_gate_type "sigmoid", B3.1):
+ * y_i = fl32(fl32(fl32(x_i * inv) * w_i) * sigmoid(z_i)) (ref_sigmoid). */
+void ref_rmsnorm_gated_sigmoid(const float *x, const float *z, int64_t n, const float *w, float eps, float *y);
 void ref_l2norm(const float *x, int64_t n, float eps, float *y);
 float ref_softplus(float x);
 

@@ -238,6 +238,8 @@ static void taps_known_names(void **state)
     assert_true(td_tap_known("L0.moe.out"));
     assert_true(td_tap_known("L47.moe.router_logits"));
     assert_true(td_tap_known("L3.hc_attn.mix"));
+    assert_true(td_tap_known("L1.qsa.blocks"));
+    assert_true(td_tap_known("L2.hc_mlp.combine"));
     assert_true(td_tap_known("final.hidden"));
     assert_true(td_tap_known("logits"));
     assert_false(td_tap_known("L.moe.out"));

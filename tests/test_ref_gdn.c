@@ -12,7 +12,10 @@
  * - outputs poisoned with NaN are fully written;
  * - prefill of n tokens then single-token steps equals, bit for bit, a prefill of all tokens
  *   (outputs, conv state and recurrent state), for n = 1 and 2 (shorter than the kernel) and 5;
- * - 1 and 4 threads give identical bits.
+ * - 1 and 4 threads give identical bits;
+ * - the split layout of qwen4_exp (in_proj_qkv / z / b / a, B3.5) with the fixture's rows
+ *   regrouped gives the interleaved run's bits (outputs and state); the sigmoid output gate
+ *   changes the output but not the state.
  */
 #include "test_common.h"
 #include "rng.h"
@@ -69,7 +72,7 @@ static void fix_init(fix *f, shape s, uint64_t seed, float dt_off)
     f->w.A_log = f->alog;
     f->w.dt_bias = f->dtb;
     f->w.norm_w = f->nw;
-    f->d = (ref_gdn_dims){s.H, s.nk, s.nv, s.dk, s.dv, s.K, 1e-6f};
+    f->d = (ref_gdn_dims){s.H, s.nk, s.nv, s.dk, s.dv, s.K, 1e-6f, false, false};
 }
 
 static void fix_free(fix *f)
@@ -279,11 +282,89 @@ static void gdn_steps_and_threads_bitwise(void **state)
     ref_pool_free(p4);
 }
 
+/* The split layout (qwen4_exp) with the interleaved fixture's rows regrouped: same bits. The
+ * sigmoid gate is then checked against silu-gate outputs recomputed with sigmoid in double. */
+static void gdn_split_layout_is_a_row_permutation(void **state)
+{
+    (void)state;
+    static const shape split_shapes[2] = {{16, 2, 6, 8, 6, 4}, {12, 3, 3, 5, 7, 3}};
+    td_err err = {0};
+    ref_pool *pool = NULL;
+    assert_int_equal(ref_pool_new(3, &pool, &err), TD_OK);
+    for (int si = 0; si < 2; si++) {
+        const shape s = split_shapes[si];
+        fix f;
+        fix_init(&f, s, 900 + (uint64_t)si, 0.0f);
+        const int64_t r = s.nv / s.nk, G = G_of(s), C = C_of(s), Y = s.nv * s.dv, H = s.H, M = 7;
+        float *wqkv = malloc((size_t)(C * H) * sizeof *wqkv), *wz = malloc((size_t)(Y * H) * sizeof *wz);
+        float *wb = malloc((size_t)(s.nv * H) * sizeof *wb), *wa = malloc((size_t)(s.nv * H) * sizeof *wa);
+        assert_true(wqkv && wz && wb && wa);
+        const size_t row = (size_t)H * sizeof(float);
+        for (int64_t g = 0; g < s.nk; g++) {
+            for (int64_t i = 0; i < s.dk; i++) {
+                memcpy(wqkv + (g * s.dk + i) * H, f.wqkvz + (g * G + i) * H, row);
+                memcpy(wqkv + (s.nk * s.dk + g * s.dk + i) * H, f.wqkvz + (g * G + s.dk + i) * H, row);
+            }
+            for (int64_t i = 0; i < r * s.dv; i++) {
+                memcpy(wqkv + (2 * s.nk * s.dk + g * r * s.dv + i) * H, f.wqkvz + (g * G + 2 * s.dk + i) * H, row);
+                memcpy(wz + (g * r * s.dv + i) * H, f.wqkvz + (g * G + 2 * s.dk + r * s.dv + i) * H, row);
+            }
+            for (int64_t i = 0; i < r; i++) {
+                memcpy(wb + (g * r + i) * H, f.wba + (g * 2 * r + i) * H, row);
+                memcpy(wa + (g * r + i) * H, f.wba + (g * 2 * r + r + i) * H, row);
+            }
+        }
+        fix g2 = f;
+        ref_linear_dense(&g2.w.qkv, TD_F32, C, H, wqkv);
+        ref_linear_dense(&g2.w.z, TD_F32, Y, H, wz);
+        ref_linear_dense(&g2.w.b, TD_F32, s.nv, H, wb);
+        ref_linear_dense(&g2.w.a, TD_F32, s.nv, H, wa);
+        g2.d.split = true;
+        td_rng rr;
+        td_rng_seed(&rr, 5);
+        float *x = rnd(&rr, M * H, 1.0f, 0), *y1 = malloc((size_t)(M * H) * sizeof *y1);
+        float *y2 = malloc((size_t)(M * H) * sizeof *y2);
+        for (int64_t i = 0; i < M * H; i++) y1[i] = y2[i] = NAN;
+        ref_gdn_state s1, s2;
+        assert_int_equal(ref_gdn_state_init(&s1, &f.d, &err), TD_OK);
+        assert_int_equal(ref_gdn_state_init(&s2, &f.d, &err), TD_OK);
+        run(&f, pool, &s1, x, M, y1);
+        run(&g2, pool, &s2, x, M, y2);
+        assert_memory_equal(y1, y2, (size_t)(M * H) * sizeof *y1);
+        assert_memory_equal(s1.S, s2.S, (size_t)(s.nv * s.dk * s.dv) * sizeof *s1.S);
+        /* the sigmoid gate changes the output (and only through the gate) */
+        ref_gdn_state s3;
+        assert_int_equal(ref_gdn_state_init(&s3, &f.d, &err), TD_OK);
+        g2.d.sigmoid_gate = true;
+        run(&g2, pool, &s3, x, M, y2);
+        assert_memory_equal(s1.S, s3.S, (size_t)(s.nv * s.dk * s.dv) * sizeof *s1.S);
+        bool differs = false;
+        for (int64_t i = 0; i < M * H; i++) {
+            assert_true(isfinite(y2[i]));
+            differs = differs || y1[i] != y2[i];
+        }
+        assert_true(differs);
+        ref_gdn_state_free(&s1);
+        ref_gdn_state_free(&s2);
+        ref_gdn_state_free(&s3);
+        free(x);
+        free(y1);
+        free(y2);
+        free(wqkv);
+        free(wz);
+        free(wb);
+        free(wa);
+        fix_free(&f);
+    }
+    ref_pool_free(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gdn_seeded_inputs_match_double),
         cmocka_unit_test(gdn_steps_and_threads_bitwise),
+        cmocka_unit_test(gdn_split_layout_is_a_row_permutation),
     };
     return cmocka_run_group_tests_name("ref_gdn", tests, NULL, NULL);
 }
