@@ -184,7 +184,7 @@ __device__ __forceinline__ void mma16816(const uint32_t a[4], uint32_t b0, uint3
  * steps, NC a power of two <= 8 with chunk <= MM_PREFETCH where possible. */
 struct mm_geo {
     int KS, NC, chunk;
-    int64_t xs_w;   /* 32-bit words per staged input row: K/2 rounded up to 32, plus 4 */
+    int64_t xs_w;   /* 32-bit words per staged input row: K/2 rounded up to 32, plus 16 */
 };
 
 static mm_geo geo_of(int64_t K)
@@ -196,7 +196,7 @@ static mm_geo geo_of(int64_t K)
     while (g.NC < want && g.NC < MM_MAX_WARPS) g.NC *= 2;
     g.chunk = (g.KS + g.NC - 1) / g.NC;
     if (g.chunk < 1) g.chunk = 1;
-    g.xs_w = (K / 2 + 31) / 32 * 32 + 4;
+    g.xs_w = (K / 2 + 31) / 32 * 32 + 16;
     return g;
 }
 
@@ -207,9 +207,19 @@ struct mm_args {
     int xrows;      /* staged input rows (the most tokens a group can have) */
 };
 
-/* Stage the group's input rows into shared memory as 16-bit pairs (the block's threads
- * together; columns at or beyond in_cols become 0), with the BF16 hi / lo split of FP16 inputs
- * for BF16 weights (copy 1 holds lo). Ends with __syncthreads(). */
+/* Where the pair of input columns (2w, 2w+1) goes in a staged row: per 32-column step, lane
+ * quad q finds the four words it needs (columns 2q and 2q+8 of both 16-column blocks) side by
+ * side, so one 16-byte load fetches them. */
+__device__ __forceinline__ int64_t xs_slot(int64_t w)
+{
+    const int64_t step = w >> 4;
+    const int wi = (int)(w & 15), b = wi >> 3, u = wi & 7;
+    return step * 16 + (u & 3) * 4 + b * 2 + (u >> 2);
+}
+
+/* Stage the group's input rows into shared memory as 16-bit pairs in the xs_slot order (the
+ * block's threads together; columns at or beyond in_cols become 0), with the BF16 hi / lo
+ * split of FP16 inputs for BF16 weights (copy 1 holds lo). Ends with __syncthreads(). */
 template <bool SPLIT>
 __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, int64_t slot0, int count, uint32_t *xs)
 {
@@ -220,8 +230,9 @@ __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, 
         const uint32_t *src = reinterpret_cast<const uint32_t *>(a.c.in16 + (slot / a.c.in_div) * a.c.in_ld);
         for (int64_t w = threadIdx.x; w < half; w += blockDim.x) {
             const uint32_t v = w < valid ? __ldg(src + w) : 0u;
+            const int64_t d = j * xs_w + xs_slot(w);
             if (!SPLIT) {
-                xs[j * xs_w + w] = v;
+                xs[d] = v;
             } else {
                 __half2 h;
                 memcpy(&h, &v, 4);
@@ -232,8 +243,8 @@ __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, 
                 uint32_t uh, ul;
                 memcpy(&uh, &hi, 4);
                 memcpy(&ul, &lo, 4);
-                xs[j * xs_w + w] = uh;
-                xs[copy + j * xs_w + w] = ul;
+                xs[d] = uh;
+                xs[copy + d] = ul;
             }
         }
     }
@@ -290,27 +301,44 @@ __device__ __forceinline__ void mm_compute(const mm_args &a, int64_t mat, int ba
     const int xs_w = (int)a.geo.xs_w, copy = a.xrows * xs_w;
     const int g = lane >> 2, q = lane & 3;
     constexpr bool SPLIT = WK == 2 && ACT == 1;
-    const uint32_t *xrow[2] = {xs + g * xs_w + q, xs + (8 + g) * xs_w + q};
+    const uint4 *xrow[2] = {reinterpret_cast<const uint4 *>(xs + g * xs_w + q * 4),
+                            reinterpret_cast<const uint4 *>(xs + (8 + g) * xs_w + q * 4)};
     float2 glob = make_float2(0.f, 0.f);
     if (WK == 1) glob = W.g[mat];
 #pragma unroll
     for (int i = 0; i < PF; i++) {
         if (i < n) {
+            /* both blocks of the step: x = block 0 (cols 2q, 2q+8), z = block 1 */
+            uint4 Bs[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+            uint4 Ls[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+                if (nt * 8 + g < count) {
+                    Bs[nt] = xrow[nt][(base + i) * 4];
+                    if (SPLIT) Ls[nt] = xrow[nt][copy / 4 + (base + i) * 4];
+                }
+            float2 eff_lo = make_float2(0.f, 0.f), eff_hi = make_float2(0.f, 0.f);
+            if (WK == 0) {
+                __half2 hl, hh;
+                memcpy(&hl, &r.s_lo[i], 4);
+                memcpy(&hh, &r.s_hi[i], 4);
+                eff_lo = __half22float2(hl);
+                eff_hi = __half22float2(hh);
+            } else if (WK == 1) {
+                eff_lo = make_float2(cu_raw_eff(r.s_lo[i] & 0xffu, glob.x, W.conv),
+                                     cu_raw_eff((r.s_lo[i] >> 8) & 0xffu, glob.x, W.conv));
+                eff_hi = make_float2(cu_raw_eff(r.s_hi[i] & 0xffu, glob.y, W.conv),
+                                     cu_raw_eff((r.s_hi[i] >> 8) & 0xffu, glob.y, W.conv));
+            }
 #pragma unroll
             for (int b = 0; b < 2; b++) {
-                const int kw = (base + i) * 16 + b * 8; /* word of column 0 of the block */
                 uint32_t B[2][4];
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-                    B[nt][0] = B[nt][1] = B[nt][2] = B[nt][3] = 0;
-                    if (nt * 8 + g < count) {
-                        B[nt][0] = xrow[nt][kw];
-                        B[nt][1] = xrow[nt][kw + 4];
-                        if (SPLIT) {
-                            B[nt][2] = xrow[nt][copy + kw];
-                            B[nt][3] = xrow[nt][copy + kw + 4];
-                        }
-                    }
+                    B[nt][0] = b ? Bs[nt].z : Bs[nt].x;
+                    B[nt][1] = b ? Bs[nt].w : Bs[nt].y;
+                    B[nt][2] = b ? Ls[nt].z : Ls[nt].x;
+                    B[nt][3] = b ? Ls[nt].w : Ls[nt].y;
                 }
                 uint32_t A[4];
                 if (WK < 2) {
@@ -328,14 +356,8 @@ __device__ __forceinline__ void mm_compute(const mm_args &a, int64_t mat, int ba
                     A[2] = r.wd[i][b].z;
                     A[3] = r.wd[i][b].w;
                 }
-                float e_lo = 0.f, e_hi = 0.f;
-                if (WK == 0) {
-                    e_lo = __half2float(__ushort_as_half((unsigned short)(r.s_lo[i] >> (16 * b)))) * 16384.0f;
-                    e_hi = __half2float(__ushort_as_half((unsigned short)(r.s_hi[i] >> (16 * b)))) * 16384.0f;
-                } else if (WK == 1) {
-                    e_lo = cu_raw_eff((r.s_lo[i] >> (8 * b)) & 0xffu, glob.x, W.conv) * 16384.0f;
-                    e_hi = cu_raw_eff((r.s_hi[i] >> (8 * b)) & 0xffu, glob.y, W.conv) * 16384.0f;
-                }
+                /* the 2^-14 of the decoded codes stays in acc; the epilogue scales it back */
+                const float e_lo = b ? eff_lo.y : eff_lo.x, e_hi = b ? eff_hi.y : eff_hi.x;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     if (WK < 2) {
@@ -445,7 +467,8 @@ template <int WK, int ACT, int NTMAX>
 __global__ void __launch_bounds__(MM_MAX_WARPS * 32, NTMAX == 1 ? 3 : 2) k_mm(mm_args a)
 {
     __shared__ float red[MM_MAX_WARPS][2][4][32];
-    extern __shared__ uint32_t xs[];
+    extern __shared__ uint4 xs_raw[];
+    uint32_t *xs = reinterpret_cast<uint32_t *>(xs_raw);
     const cu_mm_call &c = a.c;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int64_t mat, slot0;
@@ -488,6 +511,9 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, NTMAX == 1 ? 3 : 2) k_mm(mm
         }
         if (!live) return;
     }
+    if (WK < 2) /* NVFP4 sums carry the decode's 2^-14: scale back exactly */
+        for (int nt = 0; nt < 2; nt++)
+            for (int e = 0; e < 4; e++) v[nt][e] = __fmul_rn(v[nt][e], 16384.0f);
     mm_epilogue(c, rt, count, plist, slot0, lane, ntn, v);
 }
 
@@ -503,7 +529,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int
     extern __shared__ int32_t sh[];
     int32_t *sid = sh;                    /* [nslots] */
     int32_t *cnt = sid + nslots;          /* [E] */
-    long long *part = reinterpret_cast<long long *>(sh + group_off(nslots, E)); /* [GROUP_THREADS] */
+    long long *part = reinterpret_cast<long long *>(sh + group_off(nslots, E)); /* [64] */
     const int tid = threadIdx.x;
     for (int64_t s = tid; s < nslots; s += GROUP_THREADS) sid[s] = ids[s];
     __syncthreads();
@@ -519,16 +545,28 @@ __global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int
     long long mine = 0;
     for (int64_t e = e0; e < e1; e++)
         mine += ((long long)cnt[e] << 32) + (cnt[e] + P - 1) / P;
-    part[tid] = mine;
-    __syncthreads();
-    for (int off = 1; off < GROUP_THREADS; off <<= 1) { /* inclusive Hillis-Steele scan */
-        const long long add = tid >= off ? part[tid - off] : 0;
-        __syncthreads();
-        part[tid] += add;
-        __syncthreads();
+    /* inclusive scan of `mine` over the threads: within each warp by shuffles, then the 32
+     * warp totals by warp 0, then each warp adds the totals of the warps before it */
+    const int lane = tid & 31, warp = tid >> 5;
+    long long incl = mine;
+    for (int off = 1; off < 32; off <<= 1) {
+        const long long o = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += o;
     }
-    long long run = part[tid] - mine; /* exclusive prefix */
-    if (tid == GROUP_THREADS - 1) *n_groups = (int32_t)(part[tid] & 0xffffffffll);
+    if (lane == 31) part[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        long long w = part[lane];
+        for (int off = 1; off < 32; off <<= 1) {
+            const long long o = __shfl_up_sync(0xffffffffu, w, off);
+            if (lane >= off) w += o;
+        }
+        part[32 + lane] = w; /* inclusive totals of warps 0..lane */
+    }
+    __syncthreads();
+    if (warp > 0) incl += part[32 + warp - 1];
+    long long run = incl - mine; /* exclusive prefix */
+    if (tid == GROUP_THREADS - 1) *n_groups = (int32_t)(incl & 0xffffffffll);
     for (int64_t e = e0; e < e1; e++) {
         const int32_t n = cnt[e];
         int32_t sbase = (int32_t)(run >> 32), gbase = (int32_t)(run & 0xffffffffll);
@@ -584,7 +622,7 @@ int64_t cu_mm_group_bound(int64_t nslots, int64_t E)
 td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int32_t *n_groups, int32_t *g_mat,
                       int32_t *g_start, int32_t *g_count, int32_t *perm, cudaStream_t s, td_err *err)
 {
-    const size_t bytes = (size_t)group_off(nslots, E) * 4 + GROUP_THREADS * sizeof(long long);
+    const size_t bytes = (size_t)group_off(nslots, E) * 4 + 64 * sizeof(long long);
     if (nslots < 1 || E < 1 || bytes > 227 * 1024 || nslots >= (1ll << 31) / 2)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: grouping %lld slots over %lld experts is outside the kernel's "
                                              "range", (long long)nslots, (long long)E);

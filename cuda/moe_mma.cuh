@@ -25,8 +25,10 @@
  * - E2M1 codes become FP16 `e2m1 x 2^-14` by bit placement (exact, the 0.5 code is an FP16
  *   subnormal); BF16 activations take those values through FP32 into BF16 (exact).
  * - Per 16-column block b of row r and token t: D = tensor-core dot of the 16 products (FP32
- *   accumulation, the hardware's order), then acc = fma(eff(r,b) x 2^14, D, acc) in FP32, blocks
- *   ascending. eff is the prepared FP16 effective scale; with raw storage it is recomputed in
+ *   accumulation, the hardware's order), then acc = fma(eff(r,b), D, acc) in FP32, blocks
+ *   ascending; D and acc carry the codes' 2^-14, which the epilogue removes with one exact
+ *   multiplication by 2^14 (the same bits as scaling eff instead, except below FP32's normal
+ *   range). eff is the prepared FP16 effective scale; with raw storage it is recomputed in
  *   the kernel as FP16_rn(fl32(E4M3(code) x g_dec)) (compressed-tensors: / g_enc), the same
  *   arithmetic as the prepared scales, so raw and prepared give identical bits.
  * - BF16 weights: acc = mma(W, x, acc) per block, blocks ascending; FP16 activations are split
