@@ -357,17 +357,25 @@ static int db_runs(opts *o)
 
 /* ---- show ---- */
 
-static int db_show(opts *o)
+/* The one run named by the subcommand's single argument, in the store opened read-only. */
+static int open_one_run(opts *o, td_db **db, int64_t *id)
 {
     if (o->n_pos != 1) {
-        errf(o->sub, "expected one run (see 'tandem db show --help')");
+        errf(o->sub, "expected one run (see 'tandem db %s --help')", o->sub);
         return 2;
     }
-    td_db *db;
-    int rc = open_store(o, false, &db);
+    int rc = open_store(o, false, db);
     if (rc) return rc;
+    if ((rc = resolve(o, *db, o->pos[0], id))) td_db_close(*db);
+    return rc;
+}
+
+static int db_show(opts *o)
+{
+    td_db *db;
     int64_t id;
-    if ((rc = resolve(o, db, o->pos[0], &id))) { td_db_close(db); return rc; }
+    int rc = open_one_run(o, &db, &id);
+    if (rc) return rc;
     cJSON *res;
     td_err err;
     if (td_db_run_show(db, id, &res, &err) != TD_OK) return fail(o, db, &err);
@@ -432,15 +440,10 @@ static const opt_spec completions_spec[] = {{"diverged", false, false}, {"tokens
 
 static int db_completions(opts *o)
 {
-    if (o->n_pos != 1) {
-        errf(o->sub, "expected one run (see 'tandem db completions --help')");
-        return 2;
-    }
     td_db *db;
-    int rc = open_store(o, false, &db);
-    if (rc) return rc;
     int64_t id;
-    if ((rc = resolve(o, db, o->pos[0], &id))) { td_db_close(db); return rc; }
+    int rc = open_one_run(o, &db, &id);
+    if (rc) return rc;
     cJSON *res;
     td_err err;
     if (td_db_completions(db, id, opt_get(o, "diverged") != NULL, &res, &err) != TD_OK) return fail(o, db, &err);

@@ -28,6 +28,7 @@ extern "C" {
 #include "safetensors.h"
 #include "nvfp4.h"
 #include "e4m3_recon.h"
+#include "modview.h"
 }
 #include "moe.cuh"
 #include "moe_block.cuh"
@@ -107,72 +108,25 @@ typedef struct host_lin {
     td_nvfp4_conv conv;
 } host_lin;
 
-static bool shape_is(const td_tensor *t, int64_t a, int64_t b)
-{
-    return t->ndim == 2 && t->shape[0] == a && t->shape[1] == b;
-}
-
 static td_status find_linear(cu_engine *c, const char *module, int64_t rows, int64_t cols, host_lin *out,
                              td_err *err)
 {
-    td_quant_tensors q;
-    td_status st = td_quant_resolve(&c->quant, module, true, &q, err);
+    td_module_view v;
+    td_status st = td_module_view_get(c->set, &c->quant, module, rows, cols, &v, err);
     if (st) return st;
-    td_tensor w, s, g;
-    char have[96];
     memset(out, 0, sizeof *out);
     out->rows = rows;
     out->cols = cols;
-    switch (q.scheme) {
-    case TD_SCHEME_NONE:
-        st = td_st_set_tensor(c->set, q.weight, &w, err);
-        if (st) return st;
-        if (w.dtype != TD_BF16 && w.dtype != TD_F16 && w.dtype != TD_F32)
-            return td_err_set(err, TD_ERR_FORMAT, "tensor %s: dtype %s, expected BF16, F16 or F32 (unquantized module)",
-                              q.weight, td_dtype_name(w.dtype));
-        if (!shape_is(&w, rows, cols)) {
-            td_shape_str(w.ndim, w.shape, have, sizeof have);
-            return td_err_set(err, TD_ERR_FORMAT, "tensor %s: shape %s, expected [%lld, %lld]", q.weight, have,
-                              (long long)rows, (long long)cols);
-        }
-        out->kind = w.dtype == TD_BF16 ? CU_W_BF16 : w.dtype == TD_F16 ? CU_W_F16 : CU_W_F32;
-        out->w = (const uint8_t *)w.data;
-        return TD_OK;
-    case TD_SCHEME_NVFP4:
-    case TD_SCHEME_NVFP4_CT:
-        if (cols % TD_NVFP4_BLOCK)
-            return td_err_set(err, TD_ERR_FORMAT, "module %s: %lld input features is not a multiple of 16 (NVFP4)",
-                              module, (long long)cols);
-        st = td_st_set_tensor(c->set, q.weight, &w, err);
-        if (!st) st = td_st_set_tensor(c->set, q.scale, &s, err);
-        if (!st) st = td_st_set_tensor(c->set, q.global, &g, err);
-        if (st) return st;
-        if (w.dtype != TD_U8 || !shape_is(&w, rows, cols / 2)) {
-            td_shape_str(w.ndim, w.shape, have, sizeof have);
-            return td_err_set(err, TD_ERR_FORMAT, "tensor %s: %s %s, expected U8 [%lld, %lld] (packed E2M1)", q.weight,
-                              td_dtype_name(w.dtype), have, (long long)rows, (long long)(cols / 2));
-        }
-        if (s.dtype != TD_F8_E4M3 || !shape_is(&s, rows, cols / TD_NVFP4_BLOCK)) {
-            td_shape_str(s.ndim, s.shape, have, sizeof have);
-            return td_err_set(err, TD_ERR_FORMAT, "tensor %s: %s %s, expected F8_E4M3 [%lld, %lld] (block scales)",
-                              q.scale, td_dtype_name(s.dtype), have, (long long)rows,
-                              (long long)(cols / TD_NVFP4_BLOCK));
-        }
-        if (g.dtype != TD_F32 || td_tensor_numel(&g) != 1 || g.ndim > 1) {
-            td_shape_str(g.ndim, g.shape, have, sizeof have);
-            return td_err_set(err, TD_ERR_FORMAT, "tensor %s: %s %s, expected an F32 scalar (global scale)", q.global,
-                              td_dtype_name(g.dtype), have);
-        }
+    out->w = (const uint8_t *)v.w;
+    if (v.nvfp4) {
         out->kind = CU_W_NVFP4;
-        out->w = (const uint8_t *)w.data;
-        out->s = (const uint8_t *)s.data;
-        memcpy(&out->global, g.data, sizeof out->global);
-        out->conv = q.scheme == TD_SCHEME_NVFP4 ? TD_NVFP4_MODELOPT : TD_NVFP4_CT;
-        return TD_OK;
-    default:
-        return td_err_set(err, TD_ERR_UNSUPPORTED, "module %s: scheme %s is not supported by the cuda engine yet",
-                          module, td_scheme_name(q.scheme));
+        out->s = v.scales;
+        out->global = v.global;
+        out->conv = v.conv;
+    } else {
+        out->kind = v.dtype == TD_BF16 ? CU_W_BF16 : v.dtype == TD_F16 ? CU_W_F16 : CU_W_F32;
     }
+    return TD_OK;
 }
 
 static int64_t elem_bytes(int kind) { return kind == CU_W_F32 ? 4 : 2; }

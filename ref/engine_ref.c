@@ -35,6 +35,7 @@
 #include "gdn.h"
 #include "layout.h"
 #include "model_flash.h"
+#include "wload.h"
 #include "moe.h"
 #include "norm.h"
 #include "quant.h"
@@ -118,63 +119,11 @@ static void shape_text(const td_tensor *t, char *buf, size_t cap)
     td_shape_str(t->ndim, t->shape, buf, cap);
 }
 
-/* A linear module [rows, cols] under the scheme the metadata gives it. */
+/* A linear module [rows, cols] under the scheme the metadata gives it (core/modview.h). */
 static td_status load_linear(ref_engine *r, const char *module, int64_t rows, int64_t cols, ref_linear *out,
                              td_err *err)
 {
-    td_quant_tensors q;
-    td_status st = td_quant_resolve(&r->quant, module, true, &q, err);
-    if (st) return st;
-    td_tensor w, s, g;
-    char have[96];
-    switch (q.scheme) {
-    case TD_SCHEME_NONE:
-        st = get_tensor(r, q.weight, &w, err);
-        if (st) return st;
-        if (w.dtype != TD_BF16 && w.dtype != TD_F16 && w.dtype != TD_F32)
-            return td_err_set(err, TD_ERR_FORMAT, "tensor %s: dtype %s, expected BF16, F16 or F32 (unquantized module)",
-                              q.weight, td_dtype_name(w.dtype));
-        if (!shape_is(&w, 2, rows, cols, 0)) {
-            shape_text(&w, have, sizeof have);
-            return td_err_set(err, TD_ERR_FORMAT, "tensor %s: shape %s, expected [%lld, %lld]", q.weight, have,
-                              (long long)rows, (long long)cols);
-        }
-        ref_linear_dense(out, w.dtype, rows, cols, w.data);
-        return TD_OK;
-    case TD_SCHEME_NVFP4:
-    case TD_SCHEME_NVFP4_CT:
-        if (cols % TD_NVFP4_BLOCK)
-            return td_err_set(err, TD_ERR_FORMAT, "module %s: %lld input features is not a multiple of 16 (NVFP4)",
-                              module, (long long)cols);
-        st = get_tensor(r, q.weight, &w, err);
-        if (!st) st = get_tensor(r, q.scale, &s, err);
-        if (!st) st = get_tensor(r, q.global, &g, err);
-        if (st) return st;
-        if (w.dtype != TD_U8 || !shape_is(&w, 2, rows, cols / 2, 0)) {
-            shape_text(&w, have, sizeof have);
-            return td_err_set(err, TD_ERR_FORMAT, "tensor %s: %s %s, expected U8 [%lld, %lld] (packed E2M1)",
-                              q.weight, td_dtype_name(w.dtype), have, (long long)rows, (long long)(cols / 2));
-        }
-        if (s.dtype != TD_F8_E4M3 || !shape_is(&s, 2, rows, cols / TD_NVFP4_BLOCK, 0)) {
-            shape_text(&s, have, sizeof have);
-            return td_err_set(err, TD_ERR_FORMAT, "tensor %s: %s %s, expected F8_E4M3 [%lld, %lld] (block scales)",
-                              q.scale, td_dtype_name(s.dtype), have, (long long)rows,
-                              (long long)(cols / TD_NVFP4_BLOCK));
-        }
-        if (g.dtype != TD_F32 || td_tensor_numel(&g) != 1 || g.ndim > 1) {
-            shape_text(&g, have, sizeof have);
-            return td_err_set(err, TD_ERR_FORMAT, "tensor %s: %s %s, expected an F32 scalar (global scale)",
-                              q.global, td_dtype_name(g.dtype), have);
-        }
-        float gv;
-        memcpy(&gv, g.data, sizeof gv);
-        ref_linear_nvfp4(out, q.scheme == TD_SCHEME_NVFP4 ? TD_NVFP4_MODELOPT : TD_NVFP4_CT, rows, cols, w.data,
-                         s.data, gv);
-        return TD_OK;
-    default:
-        return td_err_set(err, TD_ERR_UNSUPPORTED, "module %s: scheme %s is not supported by the ref engine yet",
-                          module, td_scheme_name(q.scheme));
-    }
+    return ref_wload_linear(r->set, &r->quant, module, rows, cols, out, err);
 }
 
 static td_status load_fused_experts(ref_engine *r, int64_t L, ref_layer *ly, td_err *err)
@@ -432,19 +381,7 @@ static td_status moe_taps(ref_engine *r, const td_block_call *c, td_err *err)
 /* A BF16/F16/F32 tensor of `numel` elements decoded into dst (float32, exact). */
 static td_status load_vec(ref_engine *r, const char *name, int64_t numel, float *dst, td_err *err)
 {
-    td_tensor t;
-    td_status st = get_tensor(r, name, &t, err);
-    if (st) return st;
-    if ((t.dtype != TD_BF16 && t.dtype != TD_F16 && t.dtype != TD_F32) || td_tensor_numel(&t) != numel) {
-        char have[96];
-        shape_text(&t, have, sizeof have);
-        return td_err_set(err, TD_ERR_FORMAT, "tensor %s: %s %s, expected BF16/F16/F32 with %lld elements", name,
-                          td_dtype_name(t.dtype), have, (long long)numel);
-    }
-    ref_linear l;
-    ref_linear_dense(&l, t.dtype, 1, numel, t.data);
-    ref_linear_decode_row(&l, &r->opts.nx, 0, dst);
-    return TD_OK;
+    return ref_wload_vec(r->set, &r->opts.nx, name, numel, dst, err);
 }
 
 static td_status load_globals(ref_engine *r, td_err *err)

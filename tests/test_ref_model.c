@@ -42,6 +42,7 @@
  *   duplicate id) exit 2 with a message naming file and line.
  */
 #include "test_common.h"
+#include "gen_fixture.h"
 #include "audit/completion.h"
 #include "audit/engines.h"
 #include <cjson/cJSON.h>
@@ -60,22 +61,7 @@ static char g_dir[2][600];
 
 static void make_ckpt(int i, bool unquantized)
 {
-    snprintf(g_dir[i], sizeof g_dir[i], "%s", td_test_path(unquantized ? "tiny_bf16" : "tiny_nvfp4"));
-    td_gen_opts o;
-    td_gen_opts_init(&o);
-    o.preset = "qwen3-next-tiny";
-    o.seed = 7;
-    o.unquantized = unquantized;
-    o.num_experts = 8;
-    o.force = true;
-    td_gen_plan plan;
-    td_err err = {0};
-    assert_int_equal(td_gen_plan_build(&o, &plan, &err), TD_OK);
-    td_gen_result res;
-    td_status st = td_gen_write(&plan, &o, g_dir[i], &res, &err);
-    if (st) fprintf(stderr, "%s\n", err.msg);
-    assert_int_equal(st, TD_OK);
-    td_gen_plan_free(&plan);
+    td_test_gen("qwen3-next-tiny", 7, unquantized, 8, unquantized ? "tiny_bf16" : "tiny_nvfp4", g_dir[i], sizeof g_dir[i]);
 }
 
 static int setup(void **state)

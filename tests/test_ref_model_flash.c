@@ -16,6 +16,7 @@
  * - accum=fp64 differs from fp32 only by rounding (relative max difference < 1e-3).
  */
 #include "test_common.h"
+#include "gen_fixture.h"
 #include "audit/engines.h"
 #include "engine.h"
 #include "gen.h"
@@ -29,22 +30,7 @@ static int32_t g_prompt[T];
 
 static void make_ckpt(int i, bool unquantized)
 {
-    snprintf(g_dir[i], sizeof g_dir[i], "%s", td_test_path(unquantized ? "flash_bf16" : "flash_nvfp4"));
-    td_gen_opts o;
-    td_gen_opts_init(&o);
-    o.preset = "flash-next-tiny";
-    o.seed = 11;
-    o.unquantized = unquantized;
-    o.num_experts = 8;
-    o.force = true;
-    td_gen_plan plan;
-    td_err err = {0};
-    assert_int_equal(td_gen_plan_build(&o, &plan, &err), TD_OK);
-    td_gen_result res;
-    td_status st = td_gen_write(&plan, &o, g_dir[i], &res, &err);
-    if (st) fprintf(stderr, "%s\n", err.msg);
-    assert_int_equal(st, TD_OK);
-    td_gen_plan_free(&plan);
+    td_test_gen("flash-next-tiny", 11, unquantized, 8, unquantized ? "flash_bf16" : "flash_nvfp4", g_dir[i], sizeof g_dir[i]);
 }
 
 static int setup(void **state)

@@ -17,6 +17,7 @@
  * - greedy completions identical to greedy.<i>.
  */
 #include "test_common.h"
+#include "proof_common.h"
 #include "audit/completion.h"
 #include "audit/engines.h"
 #include "engine.h"
@@ -37,12 +38,7 @@ static double worst[3]; /* prefill, decode, split */
 static void cmp(const float *got, const float *want, int64_t V, int kind, int i, int64_t t)
 {
     static const char *const what[3] = {"prefill", "decode", "split"};
-    double mx = 0, md = 0;
-    for (int64_t k = 0; k < V; k++) {
-        mx = fmax(mx, fabs((double)want[k]));
-        md = fmax(md, fabs((double)got[k] - (double)want[k]));
-    }
-    const double rel = md / mx;
+    const double rel = td_proof_rel(got, want, V);
     if (rel > worst[kind]) worst[kind] = rel;
     if (!(rel <= TOL))
         fail_msg("%s prompt %d position %lld: max |dlogit| / max |logit| = %.3g", what[kind], i, (long long)t, rel);
@@ -128,18 +124,7 @@ static void check_model(const char *name_, int64_t V)
             }
             free(sp);
         }
-        const int64_t N = tgr.shape[0];
-        int32_t *want = malloc((size_t)N * sizeof *want);
-        assert_non_null(want);
-        memcpy(want, tgr.data, (size_t)N * sizeof *want);
-        const td_prompt pr = {ids, T};
-        const td_gen_params gp = {.max_new = N, .batch = 1, .eos = -1};
-        td_completion c;
-        assert_int_equal(td_generate(e, V, &pr, 1, &gp, &c, &err), TD_OK);
-        assert_int_equal(c.n, N);
-        assert_memory_equal(c.tokens, want, (size_t)N * sizeof *want);
-        td_completion_free(&c);
-        free(want);
+        td_proof_greedy(e, V, ids, T, &tgr);
         free(ids);
         free(pre);
         free(dec);
