@@ -130,6 +130,24 @@ static void flash_threads_bitwise(void **state)
     free(b);
 }
 
+/* qwen4_exp prefill runs with FP32 activations and no TP emulation: other variants are refused
+ * by name, never run with other numerics. */
+static void flash_refuses_act_dtype_and_tp(void **state)
+{
+    (void)state;
+    static const char *const vs[] = {"ref:act_dtype=fp16", "ref:act_dtype=bf16", "ref:tp_size=2,tp_rank=all"};
+    float *lg = malloc(V * sizeof *lg);
+    assert_non_null(lg);
+    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) {
+        td_engine *e = load(0, vs[i]);
+        td_err err = {0};
+        assert_int_equal(td_engine_prefill(e, 1, g_prompt, 4, lg, &err), TD_ERR_UNSUPPORTED);
+        assert_non_null(strstr(err.msg, "qwen4_exp"));
+        td_engine_free(e);
+    }
+    free(lg);
+}
+
 static void flash_taps(void **state)
 {
     (void)state;
@@ -184,6 +202,7 @@ int main(void)
         cmocka_unit_test(flash_prefill_then_decode_bitwise),
         cmocka_unit_test(flash_threads_bitwise),
         cmocka_unit_test(flash_taps),
+        cmocka_unit_test(flash_refuses_act_dtype_and_tp),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
