@@ -133,15 +133,15 @@ __global__ void k_linear(cu_lin W, int64_t r0, int64_t nrows, const float *x, in
 
 /* One block per token: the max and the exponentials in parallel, their sum in a fixed tree
  * order (not the reference's ascending order: a probability can differ from the reference's
- * by rounding), then the top-k in the total order of ranks_before (the reference's). */
-__global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, int64_t ld, int64_t E, int64_t k,
-                                                         bool renorm, int32_t *ids, float *weights)
+ * by rounding), then a bitonic sort of (p_i, i) in the total order of ranks_before (the
+ * reference's top-k order: larger first, NaN last, lower index on ties; padding entries last),
+ * whose first k entries are the top-k. */
+__global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, int64_t ld, int64_t E, int64_t N,
+                                                         int64_t k, bool renorm, int32_t *ids, float *weights)
 {
-    /* shared: p [E], the result tv [k], candidates cv [8k], ti [k], ci [8k], taken [E] */
-    extern __shared__ float p[];
-    float *tv = p + E;
-    int32_t *ti = reinterpret_cast<int32_t *>(tv + (ROUTE_WARPS + 1) * k);
-    unsigned char *taken = reinterpret_cast<unsigned char *>(ti + (ROUTE_WARPS + 1) * k);
+    /* shared: kv [N] probabilities (the sort keys), ki [N] expert ids (-1 for padding) */
+    extern __shared__ float kv[];
+    int32_t *ki = reinterpret_cast<int32_t *>(kv + N);
     __shared__ float sv[ROUTE_WARPS];
     __shared__ float m_s, s_s;
     const int tid = threadIdx.x;
@@ -155,104 +155,78 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, in
         const float v = l[i];
         if (isnan(v)) nan = 1;
         else m = fmaxf(m, v);
-        taken[i] = 0;
     }
     nan = __syncthreads_or(nan);
-    float bm = m;
-    {
-        for (int off = 16; off >= 1; off >>= 1) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, off));
-        if ((tid & 31) == 0) sv[tid >> 5] = bm;
-        __syncthreads();
-        if (tid == 0) {
-            float mm = sv[0];
-            for (int w = 1; w < ROUTE_WARPS; w++) mm = fmaxf(mm, sv[w]);
-            if (nan) {
-                mm = l[0];
-                for (int64_t i = 1; i < E; i++)
-                    if (l[i] > mm || isnan(mm)) mm = l[i];
-            }
-            m_s = mm;
+    for (int off = 16; off >= 1; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if ((tid & 31) == 0) sv[tid >> 5] = m;
+    __syncthreads();
+    if (tid == 0) {
+        float mm = sv[0];
+        for (int w = 1; w < ROUTE_WARPS; w++) mm = fmaxf(mm, sv[w]);
+        if (nan) {
+            mm = l[0];
+            for (int64_t i = 1; i < E; i++)
+                if (l[i] > mm || isnan(mm)) mm = l[i];
         }
-        __syncthreads();
+        m_s = mm;
     }
+    __syncthreads();
     m = m_s;
-    for (int64_t i = tid; i < E; i += ROUTE_THREADS) p[i] = (float)exp((double)__fsub_rn(l[i], m));
-    __syncthreads();
-    {
-        /* sum in a fixed tree order: each thread adds its experts ascending, then the lanes of a
-         * warp by a xor butterfly, then the warps in order on thread 0 */
-        float part = 0.0f;
-        for (int64_t i = tid; i < E; i += ROUTE_THREADS) part = __fadd_rn(part, p[i]);
-        for (int off = 16; off >= 1; off >>= 1) part = __fadd_rn(part, __shfl_xor_sync(0xffffffffu, part, off));
-        if ((tid & 31) == 0) sv[tid >> 5] = part;
-        __syncthreads();
-        if (tid == 0) {
-            float s = sv[0];
-            for (int w = 1; w < ROUTE_WARPS; w++) s = __fadd_rn(s, sv[w]);
-            s_s = s;
+    /* exponentials, and their sum in a fixed tree order: each thread adds its experts
+     * ascending, then the lanes of a warp by a xor butterfly, then the warps in order */
+    float part = 0.0f;
+    for (int64_t i = tid; i < N; i += ROUTE_THREADS) {
+        if (i < E) {
+            const float e = (float)exp((double)__fsub_rn(l[i], m));
+            kv[i] = e;
+            ki[i] = (int32_t)i;
+            part = __fadd_rn(part, e);
+        } else {
+            kv[i] = NAN;
+            ki[i] = -1;
         }
-        __syncthreads();
     }
+    for (int off = 16; off >= 1; off >>= 1) part = __fadd_rn(part, __shfl_xor_sync(0xffffffffu, part, off));
+    if ((tid & 31) == 0) sv[tid >> 5] = part;
+    __syncthreads();
+    if (tid == 0) {
+        float sum = sv[0];
+        for (int w = 1; w < ROUTE_WARPS; w++) sum = __fadd_rn(sum, sv[w]);
+        s_s = sum;
+    }
+    __syncthreads();
     const float s = s_s;
-    for (int64_t i = tid; i < E; i += ROUTE_THREADS) p[i] = __fdiv_rn(p[i], s);
+    for (int64_t i = tid; i < E; i += ROUTE_THREADS) kv[i] = __fdiv_rn(kv[i], s);
     __syncthreads();
-    /* top-k in two levels: every warp takes its own best k of its experts (k rounds of a warp
-     * arg-best, no block barrier), then warp 0 takes the best k of those k * 8 candidates. The
-     * k best of all are among the candidates, and both levels use the same total order. */
-    const int lane = tid & 31, warp = tid >> 5;
-    float *cv = tv + k;                                             /* [8 * k] candidates */
-    int32_t *ci = ti + k;                                           /* [8 * k] */
-    for (int64_t j = 0; j < k; j++) {
-        float bv = NAN;
-        int64_t bi = -1;
-        for (int64_t i = warp * 32 + lane; i < E; i += ROUTE_THREADS)
-            if (!taken[i] && (bi < 0 || ranks_before(p[i], i, bv, bi))) bv = p[i], bi = i;
-        for (int off = 16; off >= 1; off >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-            const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
-            if (oi >= 0 && (bi < 0 || ranks_before(ov, oi, bv, bi))) bv = ov, bi = oi;
-        }
-        if (lane == 0) {
-            cv[warp * k + j] = bv;
-            ci[warp * k + j] = (int32_t)bi;
-            if (bi >= 0) taken[bi] = 1;
-        }
-        __syncwarp();
-    }
-    __syncthreads();
-    if (warp == 0) {
-        const int64_t nc = ROUTE_WARPS * k;
-        for (int64_t j = 0; j < k; j++) {
-            float bv = NAN;
-            int64_t bi = -1, bc = -1;
-            for (int64_t c = lane; c < nc; c += 32) {
-                const int64_t id = ci[c];
-                if (id >= 0 && (bi < 0 || ranks_before(cv[c], id, bv, bi))) bv = cv[c], bi = id, bc = c;
+    /* bitonic sort, ranks_before order ascending ("first" = best) */
+    for (int64_t size = 2; size <= N; size <<= 1) {
+        for (int64_t stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int64_t q = tid; q < N / 2; q += ROUTE_THREADS) {
+                const int64_t i = 2 * q - (q & (stride - 1)), j = i + stride;
+                const bool up = (i & size) == 0;
+                const float va = kv[i], vb = kv[j];
+                const int32_t ia = ki[i], ib = ki[j];
+                const bool a_first = ia >= 0 && (ib < 0 || ranks_before(va, ia, vb, ib));
+                const bool b_first = ib >= 0 && (ia < 0 || ranks_before(vb, ib, va, ia));
+                if (up ? b_first : a_first) {
+                    kv[i] = vb;
+                    kv[j] = va;
+                    ki[i] = ib;
+                    ki[j] = ia;
+                }
             }
-            for (int off = 16; off >= 1; off >>= 1) {
-                const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-                const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
-                const int64_t oc = __shfl_xor_sync(0xffffffffu, bc, off);
-                if (oi >= 0 && (bi < 0 || ranks_before(ov, oi, bv, bi))) bv = ov, bi = oi, bc = oc;
-            }
-            if (lane == 0) {
-                ti[j] = (int32_t)bi;
-                tv[j] = bv;
-                ci[bc] = -1;
-            }
-            __syncwarp();
+            __syncthreads();
         }
     }
-    __syncthreads();
     if (tid == 0 && renorm) {
         float sk = 0.0f;
-        for (int64_t j = 0; j < k; j++) sk = __fadd_rn(sk, tv[j]);
-        for (int64_t j = 0; j < k; j++) tv[j] = __fdiv_rn(tv[j], sk);
+        for (int64_t j = 0; j < k; j++) sk = __fadd_rn(sk, kv[j]);
+        for (int64_t j = 0; j < k; j++) kv[j] = __fdiv_rn(kv[j], sk);
     }
     __syncthreads();
     for (int64_t j = tid; j < k; j += ROUTE_THREADS) {
-        ids[t * k + j] = ti[j];
-        weights[t * k + j] = tv[j];
+        ids[t * k + j] = ki[j];
+        weights[t * k + j] = kv[j];
     }
 }
 
@@ -340,12 +314,13 @@ td_status cu_moe_route(const float *logits, int64_t ld, int64_t M, int64_t E, in
                        float *weights, cudaStream_t s, td_err *err)
 {
     if (M <= 0) return TD_OK;
-    if (E < 1 || k < 1 || k > E || E > 8192 || k > 64)
+    if (E < 1 || k < 1 || k > E || E > 4096)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: routing %lld experts top-%lld is outside the kernel's range",
                           (long long)E, (long long)k);
-    const size_t smem = (size_t)E * sizeof(float) + (size_t)(ROUTE_WARPS + 1) * (size_t)k * (sizeof(float) + sizeof(int32_t)) +
-                        (size_t)E;
-    k_route<<<(unsigned)M, ROUTE_THREADS, smem, s>>>(logits, ld, E, k, renorm, ids, weights);
+    int64_t N = 2;
+    while (N < E) N <<= 1;
+    const size_t smem = (size_t)N * (sizeof(float) + sizeof(int32_t));
+    k_route<<<(unsigned)M, ROUTE_THREADS, smem, s>>>(logits, ld, E, N, k, renorm, ids, weights);
     TD_CU_LAUNCHED(err, "k_route");
     return TD_OK;
 }

@@ -10,15 +10,15 @@
  *   contraction). The 32 lane sums are then added by a xor butterfly (offsets 16, 8, 4, 2,
  *   1); addition is commutative, so every lane ends with the same bits.
  *   NVFP4 weights: w = fl32(e2m1(code) * eff), eff the prepared FP16 effective scale.
- * - Routing (cu_moe_route): one block per token, the reference's arithmetic (ref/moe.h steps
- *   2-4): the max (a block maximum, which equals the reference's scan unless a logit is NaN,
- *   in which case one thread runs the scan), e_i = fl32(exp(l_i - m)) with exp in double,
- *   their sum in a fixed tree order (thread t adds experts t, t+256, ... ascending; the lanes
- *   of a warp by a xor butterfly; the warps in order: not the reference's ascending order, so
- *   the sum and the probabilities can differ from it by rounding), p_i = e_i / sum, then k
- *   rounds of an arg-best (per warp, then over the warps' candidates) in
- *   the order "larger first, NaN last, lower index on ties" (the reference's top-k), and the
- *   renormalization in slot order (exp is the device's double-precision exp).
+ * - Routing (cu_moe_route): one block of 256 threads per token, the reference's arithmetic
+ *   (ref/moe.h steps 2-4) except the order of one sum: the max (a block maximum, which equals
+ *   the reference's scan unless a logit is NaN, in which case one thread runs the scan),
+ *   e_i = fl32(exp(l_i - m)) with exp in double, their sum in a fixed tree order (thread t adds
+ *   experts t, t+256, ... ascending; the lanes of a warp by a xor butterfly; the warps in
+ *   order: the reference adds ascending, so the sum and the probabilities can differ from it by
+ *   rounding), p_i = e_i / sum, then a bitonic sort of (p_i, i) in the order "larger first,
+ *   NaN last, lower index on ties" (the reference's top-k order), whose first k entries are the
+ *   top-k, and the renormalization in slot order. At most 4096 experts.
  * - SwiGLU: h = fl32(silu(g) * u), silu in double rounded once, then rounded to act_dtype.
  * - Combine (cu_moe_combine): one thread per (token, column): sum over slots j = 0..k-1 in
  *   order of fl32(w_j * y_j), then + fl32(sg * y_s), from +0, rounded to act_dtype; with
