@@ -1,23 +1,28 @@
 /* engine_cuda.cu — the CUDA engine `cuda` (engine.h contract): loads a checkpoint's MoE layers
- * onto the GPU and runs the MoE block and the router with the kernels of cuda/moe.cu.
+ * onto the GPU and runs the MoE block and the router (cuda/moe_block.cuh: the launch sequence;
+ * cuda/moe.cuh and cuda/moe_mma.cuh: the kernels and their numerics).
  *
- * Loading: config.json, the quantization metadata and the tensors are read at load, checked
- * like the reference engine checks them (dtype, shape, scalar globals, NVFP4 alignment of the
- * TP slices) and copied to device memory, every MoE layer at once: NVFP4 weights as packed
- * E2M1 bytes plus prepared FP16 effective scales (eff = fp16_rn(fl32(E4M3 S x g_dec)) for
- * ModelOpt, fp16_rn(fl32(E4M3 S / g_enc)) for compressed-tensors; the same values as the
- * reference's scale=fp16), dense BF16/F16/F32 weights as stored. The workspace for
- * CU_TOKEN_CAP tokens, the stream and the host staging buffers are allocated at load too:
- * run_block never allocates; larger calls run in chunks of CU_TOKEN_CAP tokens (tokens are
- * independent in the MoE block, so chunking does not change any bit).
+ * Loading: config.json, the quantization metadata and every MoE layer's tensors are read at
+ * load through core/modview.h (dtype, shape, scalar globals checked, errors naming the
+ * tensor), the TP slices checked for NVFP4 alignment, and the weights copied to device memory:
+ * - act_dtype fp16|bf16 with NVFP4 or BF16 weights: the tensor-core layout of moe_mma.cuh
+ *   (packed at load; the ranks this variant runs only), the router and the shared-expert gate
+ *   as one BF16 matrix;
+ * - otherwise (act_dtype fp32, or F16/F32 weights): row-major copies for the CUDA-core
+ *   kernels of moe.cuh.
+ * NVFP4 scales are prepared FP16 effective scales (eff = fp16_rn(fl32(E4M3 S x g_dec)) for
+ * ModelOpt, fp16_rn(fl32(E4M3 S / g_enc)) for compressed-tensors; the reference's scale=fp16
+ * values), or with storage=raw the E4M3 bytes plus the globals, admitted first (admit_raw:
+ * SEED_AUDITS.md §2.6 plus finiteness and range, core/e4m3_recon.h) or refused with
+ * TD_ERR_RANGE naming the first failing element. The workspace for CU_TOKEN_CAP tokens, two
+ * streams and two events are created at load: run_block never allocates device memory; larger
+ * calls run in chunks of CU_TOKEN_CAP tokens (tokens are independent in the block, so
+ * chunking changes no bit). graphs=on captures a chunk's device work once per (layer, tokens,
+ * block, routes imposed or not) and replays it. moe_dispatch=grouped runs on the tensor-core
+ * path only and is refused (TD_ERR_UNSUPPORTED, naming why) elsewhere.
  *
- * Variant options: act_dtype=fp32|fp16|bf16 and tp_size/tp_rank (one rank's shard, or every
- * rank summed in rank order for tp_rank=all, the reference's slicing) are implemented.
- * storage=raw, moe_dispatch=grouped and graphs=on are refused at load with TD_ERR_UNSUPPORTED
- * naming the option (never silently replaced by another computation). Numerics: cuda/moe.cuh.
- *
- * Errors name the engine, layer and tensor or CUDA call at fault. One engine owns one CUDA
- * stream and its device memory; nothing global.
+ * Errors name the engine, layer and tensor or CUDA call at fault. One engine owns its streams,
+ * events, graphs and device memory; nothing global.
  */
 extern "C" {
 #include "engine.h"
