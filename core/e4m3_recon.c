@@ -229,3 +229,28 @@ void td_recon_eval_code(const td_codec *c, uint8_t code, const td_recon_global *
     else if (!out->fast_ok) out->reason = TD_SCALE_HILO_INEXACT;
     else out->reason = TD_SCALE_MISMATCH;
 }
+
+int64_t td_recon_admit_tensor(const uint8_t *codes, int64_t n, float g_dec, int64_t *first,
+                              td_scale_reason *reason)
+{
+    const td_codec *codec = td_codec_tandem();
+    td_recon_global gl;
+    td_recon_global_init(codec, g_dec, &gl);
+    bool ok[256];
+    td_scale_reason why[256];
+    for (int code = 0; code < 256; code++) {
+        td_recon_eval ev;
+        td_recon_eval_code(codec, (uint8_t)code, &gl, &gl, &ev);
+        ok[code] = ev.admit;
+        why[code] = ev.reason;
+    }
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (!ok[codes[i]]) {
+            if (bad++ == 0) {
+                *first = i;
+                *reason = why[codes[i]];
+            }
+        }
+    return bad;
+}

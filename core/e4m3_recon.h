@@ -182,6 +182,14 @@ typedef struct td_recon_eval {
 void td_recon_eval_code(const td_codec *c, uint8_t code, const td_recon_global *g_prep,
                         const td_recon_global *g_raw, td_recon_eval *out);
 
+/* Raw-storage admission of a whole tensor: the n block scales `codes` of one tensor with decode
+ * multiplier g_dec (td_nvfp4_g_dec), each judged by td_recon_eval_code with tandem's codec and
+ * the same global for prepare and expand. Returns how many fail; when some do, *first is the
+ * index of the first and *reason its class (both untouched otherwise). The verdict depends on
+ * (code, g_dec) only, so it is tabulated once (256 evaluations) and every byte looked up. */
+int64_t td_recon_admit_tensor(const uint8_t *codes, int64_t n, float g_dec, int64_t *first,
+                              td_scale_reason *reason);
+
 #ifdef __cplusplus
 }
 #endif

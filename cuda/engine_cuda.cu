@@ -138,31 +138,16 @@ static int64_t elem_bytes(int kind) { return kind == CU_W_F32 ? 4 : 2; }
 
 /* ==== raw-storage admission ================================================================== */
 
-/* SEED_AUDITS.md §2.6 plus finiteness and range (core/e4m3_recon.h td_recon_eval_code): every
- * block scale of an NVFP4 tensor kept raw must reproduce the prepared FP16 scale through the
- * strict and the fast reconstruction, with a finite, positive, normal effective scale. The
- * verdict depends on (code, global) only, so it is tabulated once per tensor. */
+/* SEED_AUDITS.md §2.6 plus finiteness and range (core/e4m3_recon.h td_recon_admit_tensor):
+ * every block scale of an NVFP4 tensor kept raw must reproduce the prepared FP16 scale through
+ * the strict and the fast reconstruction, with a finite, positive, normal effective scale. */
 static td_status admit_raw(const host_lin *h, const char *module, td_err *err)
 {
     if (h->kind != CU_W_NVFP4) return TD_OK;
-    const td_codec *codec = td_codec_tandem();
-    td_recon_global gl;
-    td_recon_global_init(codec, td_nvfp4_g_dec(h->global, h->conv), &gl);
-    bool ok[256];
-    td_scale_reason why[256];
-    for (int code = 0; code < 256; code++) {
-        td_recon_eval ev;
-        td_recon_eval_code(codec, (uint8_t)code, &gl, &gl, &ev);
-        ok[code] = ev.admit;
-        why[code] = ev.reason;
-    }
     const int64_t nb = h->cols / TD_NVFP4_BLOCK, n = h->rows * nb;
-    int64_t bad = 0, first = -1;
-    for (int64_t i = 0; i < n; i++)
-        if (!ok[h->s[i]]) {
-            if (first < 0) first = i;
-            bad++;
-        }
+    int64_t first = -1;
+    td_scale_reason why = TD_SCALE_OK;
+    const int64_t bad = td_recon_admit_tensor(h->s, n, td_nvfp4_g_dec(h->global, h->conv), &first, &why);
     if (!bad) return TD_OK;
     const uint8_t code = h->s[first];
     return td_err_set(err, TD_ERR_RANGE,
@@ -170,7 +155,7 @@ static td_status admit_raw(const host_lin *h, const char *module, td_err *err)
                       "admission (reason %s; %lld of %lld block scales of this tensor fail): raw E4M3 storage would not "
                       "reproduce the prepared FP16 scales bit for bit; use storage=prepared",
                       module, (long long)(first / nb), (long long)(first % nb), code, (double)h->global,
-                      td_scale_reason_name(why[code]), (long long)bad, (long long)n);
+                      td_scale_reason_name(why), (long long)bad, (long long)n);
 }
 
 /* ==== CUDA-core path: plain row-major copies ================================================= */

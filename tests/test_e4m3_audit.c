@@ -646,10 +646,53 @@ static void w13_layouts_place_and_read_the_same_half(void **state)
     assert_string_equal(td_w13_layout_name(TD_W13_INTERLEAVED), "interleaved");
 }
 
+/* Whole-tensor raw-storage admission (td_recon_admit_tensor): with a power-of-two decode
+ * multiplier every positive normal E4M3 code reconstructs exactly (prepared = e4m3 x 2^-7 is
+ * an FP16 normal, the fast path's hi/lo split of 2^7 is exact), so exactly the zero, subnormal,
+ * negative and NaN codes fail, and the first one is reported; a global whose effective scale
+ * overflows FP16 fails every element; an unusable global fails them as bad_global. */
+static void admit_tensor_counts_and_names_the_first_failure(void **state)
+{
+    (void)state;
+    uint8_t codes[300];
+    for (int i = 0; i < 300; i++) codes[i] = (uint8_t)(0x08 + i % (0x7F - 0x08)); /* 0x08 .. 0x7E */
+    int64_t first = -7;
+    td_scale_reason why = TD_SCALE_REASON_COUNT;
+    assert_int_equal(td_recon_admit_tensor(codes, 300, 0x1p-7f, &first, &why), 0);
+    assert_int_equal(first, -7); /* untouched */
+    assert_int_equal(why, TD_SCALE_REASON_COUNT);
+    assert_int_equal(td_recon_admit_tensor(codes, 0, 0x1p-7f, &first, &why), 0);
+    static const struct {
+        uint8_t code;
+        td_scale_reason reason;
+    } bad[] = {{0x7F, TD_SCALE_NAN_CODE}, {0xFF, TD_SCALE_NAN_CODE}, {0x00, TD_SCALE_ZERO_CODE},
+               {0x03, TD_SCALE_SUBNORMAL_CODE}, {0x80, TD_SCALE_NEGATIVE_CODE}, {0xB8, TD_SCALE_NEGATIVE_CODE}};
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        uint8_t t[300];
+        memcpy(t, codes, sizeof t);
+        t[37] = bad[b].code;
+        t[250] = 0x00;
+        assert_int_equal(td_recon_admit_tensor(t, 300, 0x1p-7f, &first, &why), 2);
+        assert_int_equal(first, 37);
+        assert_int_equal(why, bad[b].reason);
+    }
+    /* 1.0 x 256 x 2^14 overflows FP16: every element fails */
+    assert_int_equal(td_recon_admit_tensor(codes, 300, 256.0f, &first, &why), 300);
+    assert_int_equal(first, 0);
+    assert_int_equal(why, TD_SCALE_OVERFLOW);
+    static const float bad_globals[] = {0.0f, -0x1p-7f, NAN, INFINITY};
+    for (size_t g = 0; g < sizeof bad_globals / sizeof bad_globals[0]; g++) {
+        assert_int_equal(td_recon_admit_tensor(codes, 300, bad_globals[g], &first, &why), 300);
+        assert_int_equal(first, 0);
+        assert_int_equal(why, TD_SCALE_BAD_GLOBAL);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(codec_audit_tandem_passes_every_check),
+        cmocka_unit_test(admit_tensor_counts_and_names_the_first_failure),
         cmocka_unit_test(codec_audit_catches_ties_away_from_zero),
         cmocka_unit_test(codec_audit_catches_wrong_subnormal_decode),
         cmocka_unit_test(codec_audit_catches_flushed_subnormal_encode),
