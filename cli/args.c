@@ -2,6 +2,7 @@
 #include "args.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
@@ -51,4 +52,28 @@ int cli_int_list(const char *s, int64_t lo, int64_t hi, int64_t **out, size_t *n
 bad:
     free(v);
     return -1;
+}
+
+int cli_size(const char *s, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || s[0] == '-') return -1;
+    unsigned long long mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1ull << 10, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1ull << 20, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1ull << 30, end++;
+    if (*end || v > (1ull << 52) / mul) return -1;
+    *out = (int64_t)(v * mul);
+    return 0;
+}
+
+const char *cli_value(int argc, char **argv, int *i, const char *cmd)
+{
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "tandem %s: %s needs a value (see --help)\n", cmd, argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
 }

@@ -6,6 +6,12 @@
  *   Returns 0 and sets *out (caller frees) and *n; returns -1 on a malformed or out-of-range
  *   list (empty, trailing comma, reversed range, too many values), leaving *out untouched.
  *   The caller prints its own message naming the option.
+ * - cli_size() parses "123", "64K", "8M", "1G" (binary multiples, case-insensitive suffix)
+ *   into bytes; 0 is accepted (callers that need a positive size check it); anything else,
+ *   a sign, or more than 2^52 bytes returns -1 with *out untouched.
+ * - cli_value() takes the value of option argv[*i]: returns argv[*i + 1] and advances *i, or,
+ *   when the option is the last argument, prints "tandem CMD: OPTION needs a value (see
+ *   --help)" to stderr and returns NULL.
  */
 #ifndef TD_CLI_ARGS_H
 #define TD_CLI_ARGS_H
@@ -16,5 +22,7 @@
 #define CLI_LIST_MAX 4096
 
 int cli_int_list(const char *s, int64_t lo, int64_t hi, int64_t **out, size_t *n);
+int cli_size(const char *s, int64_t *out);
+const char *cli_value(int argc, char **argv, int *i, const char *cmd);
 
 #endif /* TD_CLI_ARGS_H */

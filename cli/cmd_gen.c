@@ -72,21 +72,6 @@ static bool parse_layer_list(const char *s, int64_t *ids, size_t *n)
     return ok;
 }
 
-/* "123", "64K", "8M", "1G" (binary multiples). */
-static bool parse_size(const char *s, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || s[0] == '-') return false;
-    unsigned long long mul = 1;
-    if (*end == 'K' || *end == 'k') mul = 1ull << 10, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1ull << 20, end++;
-    else if (*end == 'G' || *end == 'g') mul = 1ull << 30, end++;
-    if (*end || v > (1ull << 52) / mul) return false;
-    *out = (int64_t)(v * mul);
-    return true;
-}
 
 static bool parse_u64(const char *s, uint64_t *out)
 {
@@ -129,34 +114,26 @@ int cmd_gen(int argc, char **argv)
     o.progress = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEED_VAL()                                                                    \
-    do {                                                                              \
-        if (!val) {                                                                   \
-            fprintf(stderr, "tandem gen: %s needs a value (see --help)\n", a);        \
-            return 2;                                                                 \
-        }                                                                             \
-        i++;                                                                          \
-    } while (0)
+        const char *val = NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "--list")) {
             return list_presets();
         } else if (!strcmp(a, "--preset")) {
-            NEED_VAL();
+            if (!(val = cli_value(argc, argv, &i, "gen"))) return 2;
             o.preset = val;
         } else if (!strcmp(a, "--out")) {
-            NEED_VAL();
+            if (!(val = cli_value(argc, argv, &i, "gen"))) return 2;
             out = val;
         } else if (!strcmp(a, "--seed")) {
-            NEED_VAL();
+            if (!(val = cli_value(argc, argv, &i, "gen"))) return 2;
             if (!parse_u64(val, &o.seed)) {
                 fprintf(stderr, "tandem gen: --seed '%s' is not an unsigned 64-bit integer\n", val);
                 return 2;
             }
         } else if (!strcmp(a, "--experts")) {
-            NEED_VAL();
+            if (!(val = cli_value(argc, argv, &i, "gen"))) return 2;
             uint64_t e;
             if (!parse_u64(val, &e) || e == 0 || e > 4096) {
                 fprintf(stderr, "tandem gen: --experts '%s' must be in 1..4096\n", val);
@@ -164,20 +141,20 @@ int cmd_gen(int argc, char **argv)
             }
             o.num_experts = (int64_t)e;
         } else if (!strcmp(a, "--layers")) {
-            NEED_VAL();
+            if (!(val = cli_value(argc, argv, &i, "gen"))) return 2;
             if (!parse_layer_list(val, layer_ids, &o.n_layer_ids)) {
                 fprintf(stderr, "tandem gen: --layers '%s' must be increasing ids such as 0,23,47\n", val);
                 return 2;
             }
             o.layer_ids = layer_ids;
         } else if (!strcmp(a, "--shard-size")) {
-            NEED_VAL();
-            if (!parse_size(val, &o.shard_bytes)) {
+            if (!(val = cli_value(argc, argv, &i, "gen"))) return 2;
+            if (cli_size(val, &o.shard_bytes)) {
                 fprintf(stderr, "tandem gen: --shard-size '%s' is not a size (e.g. 512M)\n", val);
                 return 2;
             }
         } else if (!strcmp(a, "--threads")) {
-            NEED_VAL();
+            if (!(val = cli_value(argc, argv, &i, "gen"))) return 2;
             uint64_t t;
             if (!parse_u64(val, &t) || t == 0 || t > 64) {
                 fprintf(stderr, "tandem gen: --threads '%s' must be in 1..64\n", val);
@@ -198,7 +175,6 @@ int cmd_gen(int argc, char **argv)
             fprintf(stderr, "tandem gen: unknown option '%s' (see --help)\n", a);
             return 2;
         }
-#undef NEED_VAL
     }
     if (!o.preset) {
         fprintf(stderr, "tandem gen: --preset NAME is required (see --help or --list)\n");

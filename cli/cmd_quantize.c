@@ -1,5 +1,6 @@
 /* cmd_quantize.c — `tandem quantize`: BF16/F16/F32 checkpoint → NVFP4. */
 #include "cli.h"
+#include "args.h"
 #include "quantize.h"
 
 #include <errno.h>
@@ -56,20 +57,6 @@ static void usage(FILE *f)
             "             failure (the output directory is then left untouched).\n");
 }
 
-static bool parse_size(const char *s, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || s[0] == '-') return false;
-    unsigned long long mul = 1;
-    if (*end == 'K' || *end == 'k') mul = 1ull << 10, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1ull << 20, end++;
-    else if (*end == 'G' || *end == 'g') mul = 1ull << 30, end++;
-    if (*end || v == 0 || v > (1ull << 52) / mul) return false;
-    *out = (int64_t)(v * mul);
-    return true;
-}
 
 int cmd_quantize(int argc, char **argv)
 {
@@ -81,33 +68,25 @@ int cmd_quantize(int argc, char **argv)
     o.progress = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEED_VAL()                                                                      \
-    do {                                                                                \
-        if (!val) {                                                                     \
-            fprintf(stderr, "tandem quantize: %s needs a value (see --help)\n", a);     \
-            return 2;                                                                   \
-        }                                                                               \
-        i++;                                                                            \
-    } while (0)
+        const char *val = NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "--in")) {
-            NEED_VAL();
+            if (!(val = cli_value(argc, argv, &i, "quantize"))) return 2;
             o.in_dir = val;
         } else if (!strcmp(a, "--out")) {
-            NEED_VAL();
+            if (!(val = cli_value(argc, argv, &i, "quantize"))) return 2;
             o.out_dir = val;
         } else if (!strcmp(a, "--format")) {
-            NEED_VAL();
+            if (!(val = cli_value(argc, argv, &i, "quantize"))) return 2;
             td_err err;
             if (td_quantize_format_from_name(val, &o.conv, &err)) {
                 fprintf(stderr, "tandem quantize: %s\n", err.msg);
                 return 2;
             }
         } else if (!strcmp(a, "--only") || !strcmp(a, "--exclude")) {
-            NEED_VAL();
+            if (!(val = cli_value(argc, argv, &i, "quantize"))) return 2;
             bool is_only = a[2] == 'o';
             if ((is_only ? n_only : n_excl) >= MAX_GLOBS) {
                 fprintf(stderr, "tandem quantize: at most %d %s globs\n", MAX_GLOBS, a);
@@ -116,13 +95,13 @@ int cmd_quantize(int argc, char **argv)
             if (is_only) only[n_only++] = val;
             else excl[n_excl++] = val;
         } else if (!strcmp(a, "--shard-size")) {
-            NEED_VAL();
-            if (!parse_size(val, &o.shard_bytes)) {
+            if (!(val = cli_value(argc, argv, &i, "quantize"))) return 2;
+            if (cli_size(val, &o.shard_bytes) || o.shard_bytes == 0) {
                 fprintf(stderr, "tandem quantize: --shard-size '%s' is not a size (e.g. 2G)\n", val);
                 return 2;
             }
         } else if (!strcmp(a, "--dequant-manifest")) {
-            NEED_VAL();
+            if (!(val = cli_value(argc, argv, &i, "quantize"))) return 2;
             o.dequant_manifest = val;
         } else if (!strcmp(a, "--force")) {
             o.force = true;
@@ -134,7 +113,6 @@ int cmd_quantize(int argc, char **argv)
             fprintf(stderr, "tandem quantize: unknown option '%s' (see --help)\n", a);
             return 2;
         }
-#undef NEED_VAL
     }
     if (!o.in_dir || !o.out_dir) {
         fprintf(stderr, "tandem quantize: --in DIR and --out DIR are required (see --help)\n");

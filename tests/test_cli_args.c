@@ -44,11 +44,49 @@ static void int_list_rejects_bad_input_without_touching_out(void **state)
     assert_int_equal(cli_int_list(big, 0, 1 << 20, &v, &n), -1);
 }
 
+static void size_parses_binary_multiples(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *s;
+        int64_t want;
+    } ok[] = {{"0", 0}, {"123", 123}, {"64K", 64 << 10}, {"64k", 64 << 10}, {"8M", 8 << 20}, {"1G", 1ll << 30},
+              {"4194304G", 4194304ll << 30}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        int64_t v = -1;
+        assert_int_equal(cli_size(ok[i].s, &v), 0);
+        assert_int_equal(v, ok[i].want);
+    }
+    static const char *const bad[] = {"", "-1", "1T", "12KB", "K", "1.5M", "4194305G", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int64_t v = 77;
+        assert_int_equal(cli_size(bad[i], &v), -1);
+        assert_int_equal(v, 77); /* untouched */
+    }
+}
+
+static void value_takes_the_next_argument_or_fails(void **state)
+{
+    (void)state;
+    char a0[] = "gen", a1[] = "--out", a2[] = "dir", a3[] = "--seed";
+    char *argv[] = {a0, a1, a2, a3};
+    int i = 1;
+    const char *v = cli_value(4, argv, &i, "gen");
+    assert_non_null(v);
+    assert_string_equal(v, "dir");
+    assert_int_equal(i, 2);
+    i = 3;
+    assert_null(cli_value(4, argv, &i, "gen")); /* last argument: no value */
+    assert_int_equal(i, 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(int_list_parses_lists_and_ranges),
         cmocka_unit_test(int_list_rejects_bad_input_without_touching_out),
+        cmocka_unit_test(size_parses_binary_multiples),
+        cmocka_unit_test(value_takes_the_next_argument_or_fails),
     };
     return cmocka_run_group_tests_name("cli_args", tests, NULL, NULL);
 }
