@@ -362,6 +362,17 @@ static void fill_x(td_rng *rng, float *x, int64_t n, double scale)
     for (int64_t i = 0; i < n; i++) x[i] = (float)(scale * td_rng_normal(rng));
 }
 
+static void fixture_opts(int which, mf_opts *o);
+
+/* Fixture `which` built, its layer-0 views and a 2-thread runner (close_fixture frees them). */
+static void open_fixture(int which, mf_opts *mo, mf_model *m, ref_moe_weights *w, runner *rn)
+{
+    fixture_opts(which, mo);
+    mf_build(mo, m);
+    mf_views(m, 0, w);
+    runner_init(rn, 2);
+}
+
 static void fixture_opts(int which, mf_opts *o)
 {
     mf_defaults(o);
@@ -466,13 +477,10 @@ static void moe_block_edge_inputs(void **state)
 {
     (void)state;
     mf_opts mo;
-    fixture_opts(0, &mo);
     mf_model m;
-    mf_build(&mo, &m);
     ref_moe_weights w;
-    mf_views(&m, 0, &w);
     runner rn;
-    runner_init(&rn, 2);
+    open_fixture(0, &mo, &m, &w, &rn);
     const int64_t M = 4, H = mo.hidden;
     float x[4 * 64], out[4 * 64], want[4 * 64];
     for (int64_t i = 0; i < H; i++) {
@@ -506,13 +514,10 @@ static void moe_block_imposed_routes(void **state)
 {
     (void)state;
     mf_opts mo;
-    fixture_opts(0, &mo);
     mf_model m;
-    mf_build(&mo, &m);
     ref_moe_weights w;
-    mf_views(&m, 0, &w);
     runner rn;
-    runner_init(&rn, 2);
+    open_fixture(0, &mo, &m, &w, &rn);
     td_rng rng;
     td_rng_seed(&rng, 60);
     const int64_t M = 9, H = mo.hidden, k = mo.top_k;
@@ -658,13 +663,10 @@ static void moe_tp_reduced_close_to_tp1(void **state)
 {
     (void)state;
     mf_opts mo;
-    fixture_opts(0, &mo);
     mf_model m;
-    mf_build(&mo, &m);
     ref_moe_weights w;
-    mf_views(&m, 0, &w);
     runner rn;
-    runner_init(&rn, 2);
+    open_fixture(0, &mo, &m, &w, &rn);
     td_rng rng;
     td_rng_seed(&rng, 80);
     const int64_t M = 8, H = mo.hidden;
@@ -727,13 +729,10 @@ static void moe_invalid_ids_rejected(void **state)
 {
     (void)state;
     mf_opts mo;
-    fixture_opts(0, &mo);
     mf_model m;
-    mf_build(&mo, &m);
     ref_moe_weights w;
-    mf_views(&m, 0, &w);
     runner rn;
-    runner_init(&rn, 2);
+    open_fixture(0, &mo, &m, &w, &rn);
     const int64_t M = 2, H = mo.hidden;
     float x[2 * 64], out[2 * 64], wts[6] = {0.5f, 0.3f, 0.2f, 0.5f, 0.3f, 0.2f};
     for (int64_t i = 0; i < M * H; i++) x[i] = 0.01f * (float)i;
@@ -759,13 +758,10 @@ static void moe_faults_change_output(void **state)
 {
     (void)state;
     mf_opts mo;
-    fixture_opts(0, &mo);
     mf_model m;
-    mf_build(&mo, &m);
     ref_moe_weights w;
-    mf_views(&m, 0, &w);
     runner rn;
-    runner_init(&rn, 2);
+    open_fixture(0, &mo, &m, &w, &rn);
     td_rng rng;
     td_rng_seed(&rng, 100);
     const int64_t M = 4, H = mo.hidden;
@@ -787,13 +783,10 @@ static void moe_router_only(void **state)
 {
     (void)state;
     mf_opts mo;
-    fixture_opts(1, &mo);
     mf_model m;
-    mf_build(&mo, &m);
     ref_moe_weights w;
-    mf_views(&m, 0, &w);
     runner rn;
-    runner_init(&rn, 2);
+    open_fixture(1, &mo, &m, &w, &rn);
     const int64_t M = 3, H = mo.hidden, E = mo.experts;
     float x[3 * 64], lg[3 * 8], out[3 * 64];
     td_rng rng;
