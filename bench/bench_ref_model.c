@@ -129,6 +129,62 @@ static void bench_tiny(const int *threads, int nt)
     if (system(cmd) != 0) fprintf(stderr, "bench_ref_model: could not remove %s\n", dir);
 }
 
+/* A synthetic MoE layer: E NVFP4 experts of I x H (random codes, E4M3 scales 73..126, global
+ * 1e-4), top-K, BF16 router, BF16 shared expert of I and its gate; synth_moe_free frees it. */
+typedef struct synth_moe {
+    ref_moe_weights w;
+    uint8_t *packed, *scales;
+    ref_expert *ex;
+    uint16_t *wr, *sg, *su, *sd, *sgate;
+} synth_moe;
+
+static void synth_moe_make(td_rng *r, int64_t H, int64_t E, int64_t I, int64_t K, synth_moe *o)
+{
+    const int64_t pb = I * H / 2, sb = I * H / 16;
+    uint8_t *packed = xmalloc((size_t)(E * 3 * pb)), *scales = xmalloc((size_t)(E * 3 * sb));
+    for (int64_t i = 0; i < E * 3 * pb; i += 8) {
+        const uint64_t u = td_rng_u64(r);
+        memcpy(packed + i, &u, 8);
+    }
+    for (int64_t i = 0; i < E * 3 * sb; i++) scales[i] = (uint8_t)(73 + td_rng_below(r, 54));
+    ref_expert *ex = xmalloc((size_t)E * sizeof *ex);
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t b = e * 3;
+        ref_linear_nvfp4(&ex[e].gate, TD_NVFP4_MODELOPT, I, H, packed + b * pb, scales + b * sb, 1e-4f);
+        ref_linear_nvfp4(&ex[e].up, TD_NVFP4_MODELOPT, I, H, packed + (b + 1) * pb, scales + (b + 1) * sb, 1e-4f);
+        ref_linear_nvfp4(&ex[e].down, TD_NVFP4_MODELOPT, H, I, packed + (b + 2) * pb, scales + (b + 2) * sb, 1e-4f);
+    }
+    uint16_t *wr = bf16_rand(r, E * H, 0.02f), *sg = bf16_rand(r, I * H, 0.02f), *su = bf16_rand(r, I * H, 0.02f);
+    uint16_t *sd = bf16_rand(r, H * I, 0.02f), *sgate = bf16_rand(r, H, 0.02f);
+    o->w = (ref_moe_weights){.hidden = H, .n_experts = E, .top_k = K, .inter = I, .shared_inter = I,
+                             .norm_topk_prob = true, .has_router = true, .experts = ex, .has_shared = true};
+    ref_linear_dense(&o->w.router, TD_BF16, E, H, wr);
+    ref_linear_dense(&o->w.shared.gate, TD_BF16, I, H, sg);
+    ref_linear_dense(&o->w.shared.up, TD_BF16, I, H, su);
+    ref_linear_dense(&o->w.shared.down, TD_BF16, H, I, sd);
+    ref_linear_dense(&o->w.shared_gate, TD_BF16, 1, H, sgate);
+    o->packed = packed;
+    o->scales = scales;
+    o->ex = ex;
+    o->wr = wr;
+    o->sg = sg;
+    o->su = su;
+    o->sd = sd;
+    o->sgate = sgate;
+}
+
+static void synth_moe_free(synth_moe *o)
+{
+    free(o->packed);
+    free(o->scales);
+    free(o->ex);
+    free(o->wr);
+    free(o->sg);
+    free(o->su);
+    free(o->sd);
+    free(o->sgate);
+}
+
 static void bench_layer(const int *threads, int nt, int64_t ctx)
 {
     td_rng r;
@@ -157,29 +213,9 @@ static void bench_layer(const int *threads, int nt, int64_t ctx)
     ref_linear_dense(&aw.v, TD_BF16, 512, H, wv);
     ref_linear_dense(&aw.o, TD_BF16, H, 4096, wo);
     /* MoE */
-    const int64_t pb = I * H / 2, sb = I * H / 16;
-    uint8_t *packed = xmalloc((size_t)(E * 3 * pb)), *scales = xmalloc((size_t)(E * 3 * sb));
-    for (int64_t i = 0; i < E * 3 * pb; i += 8) {
-        const uint64_t u = td_rng_u64(&r);
-        memcpy(packed + i, &u, 8);
-    }
-    for (int64_t i = 0; i < E * 3 * sb; i++) scales[i] = (uint8_t)(73 + td_rng_below(&r, 54));
-    ref_expert *ex = xmalloc((size_t)E * sizeof *ex);
-    for (int64_t e = 0; e < E; e++) {
-        const int64_t b = e * 3;
-        ref_linear_nvfp4(&ex[e].gate, TD_NVFP4_MODELOPT, I, H, packed + b * pb, scales + b * sb, 1e-4f);
-        ref_linear_nvfp4(&ex[e].up, TD_NVFP4_MODELOPT, I, H, packed + (b + 1) * pb, scales + (b + 1) * sb, 1e-4f);
-        ref_linear_nvfp4(&ex[e].down, TD_NVFP4_MODELOPT, H, I, packed + (b + 2) * pb, scales + (b + 2) * sb, 1e-4f);
-    }
-    uint16_t *wr = bf16_rand(&r, E * H, 0.02f), *sg = bf16_rand(&r, I * H, 0.02f), *su = bf16_rand(&r, I * H, 0.02f);
-    uint16_t *sd = bf16_rand(&r, H * I, 0.02f), *sgate = bf16_rand(&r, H, 0.02f);
-    ref_moe_weights mw = {.hidden = H, .n_experts = E, .top_k = K, .inter = I, .shared_inter = I,
-                          .norm_topk_prob = true, .has_router = true, .experts = ex, .has_shared = true};
-    ref_linear_dense(&mw.router, TD_BF16, E, H, wr);
-    ref_linear_dense(&mw.shared.gate, TD_BF16, I, H, sg);
-    ref_linear_dense(&mw.shared.up, TD_BF16, I, H, su);
-    ref_linear_dense(&mw.shared.down, TD_BF16, H, I, sd);
-    ref_linear_dense(&mw.shared_gate, TD_BF16, 1, H, sgate);
+    synth_moe sm;
+    synth_moe_make(&r, H, E, I, K, &sm);
+    ref_moe_weights mw = sm.w;
     const ref_moe_opts mo = {nx, TD_ACT_FP32, 1, 0};
 
     const int64_t M = 16;
@@ -241,14 +277,7 @@ static void bench_layer(const int *threads, int nt, int64_t ctx)
     free(wo);
     free(qn);
     free(kn);
-    free(packed);
-    free(scales);
-    free(ex);
-    free(wr);
-    free(sg);
-    free(su);
-    free(sd);
-    free(sgate);
+    synth_moe_free(&sm);
     free(x);
     free(y);
 }
@@ -295,29 +324,9 @@ static void bench_flash(const int *threads, int nt, int64_t ctx)
     ref_linear_dense(&qw.a.o, TD_BF16, H, 6144, wo);
     ref_linear_dense(&qw.idx, TD_BF16, 640, H, wi);
     /* MoE: 512 NVFP4 experts x 640, top-10, BF16 router and shared expert 640 */
-    const int64_t pb = I * H / 2, sb = I * H / 16;
-    uint8_t *packed = xmalloc((size_t)(E * 3 * pb)), *scales = xmalloc((size_t)(E * 3 * sb));
-    for (int64_t i = 0; i < E * 3 * pb; i += 8) {
-        const uint64_t u = td_rng_u64(&r);
-        memcpy(packed + i, &u, 8);
-    }
-    for (int64_t i = 0; i < E * 3 * sb; i++) scales[i] = (uint8_t)(73 + td_rng_below(&r, 54));
-    ref_expert *ex = xmalloc((size_t)E * sizeof *ex);
-    for (int64_t e = 0; e < E; e++) {
-        const int64_t b = e * 3;
-        ref_linear_nvfp4(&ex[e].gate, TD_NVFP4_MODELOPT, I, H, packed + b * pb, scales + b * sb, 1e-4f);
-        ref_linear_nvfp4(&ex[e].up, TD_NVFP4_MODELOPT, I, H, packed + (b + 1) * pb, scales + (b + 1) * sb, 1e-4f);
-        ref_linear_nvfp4(&ex[e].down, TD_NVFP4_MODELOPT, H, I, packed + (b + 2) * pb, scales + (b + 2) * sb, 1e-4f);
-    }
-    uint16_t *wr = bf16_rand(&r, E * H, 0.02f), *sg = bf16_rand(&r, I * H, 0.02f), *su = bf16_rand(&r, I * H, 0.02f);
-    uint16_t *sd = bf16_rand(&r, H * I, 0.02f), *sgate = bf16_rand(&r, H, 0.02f);
-    ref_moe_weights mw = {.hidden = H, .n_experts = E, .top_k = K, .inter = I, .shared_inter = I,
-                          .norm_topk_prob = true, .has_router = true, .experts = ex, .has_shared = true};
-    ref_linear_dense(&mw.router, TD_BF16, E, H, wr);
-    ref_linear_dense(&mw.shared.gate, TD_BF16, I, H, sg);
-    ref_linear_dense(&mw.shared.up, TD_BF16, I, H, su);
-    ref_linear_dense(&mw.shared.down, TD_BF16, H, I, sd);
-    ref_linear_dense(&mw.shared_gate, TD_BF16, 1, H, sgate);
+    synth_moe sm;
+    synth_moe_make(&r, H, E, I, K, &sm);
+    ref_moe_weights mw = sm.w;
     const ref_moe_opts mo = {nx, TD_ACT_FP32, 1, 0};
     /* PLE block (layer 1): 16 heads x 160, kernel 4 dilation 3; a small F32 table (the lookup is
      * one row per head and token, its size does not change the cost) */
@@ -442,14 +451,7 @@ static void bench_flash(const int *threads, int nt, int64_t ctx)
     free(kn);
     free(qln);
     free(kln);
-    free(packed);
-    free(scales);
-    free(ex);
-    free(wr);
-    free(sg);
-    free(su);
-    free(sd);
-    free(sgate);
+    synth_moe_free(&sm);
     free(pk);
     free(pv);
     free(pnk);
