@@ -1,6 +1,7 @@
 /* test_db.c — opening the results store, refusing foreign files, run lifecycle, provenance
  * capture and the aborted-run sweep (db/db.c). */
 #include "test_common.h"
+#include "db_fixture.h"
 #include "db/db.h"
 #include "db/query.h"
 #include "db/schema.h"
@@ -9,40 +10,6 @@
 #include <signal.h>
 
 /* ---- helpers ------------------------------------------------------------------------------ */
-
-static td_db *open_ok(const char *path, unsigned flags)
-{
-    td_db *db = NULL;
-    td_err err;
-    td_status s = td_db_open(path, flags, &db, &err);
-    if (s != TD_OK) fail_msg("open %s: %s", path, err.msg);
-    return db;
-}
-
-static int64_t begin_run(td_db *db, const char *kind)
-{
-    td_db_run_info info = {.kind = kind};
-    int64_t id;
-    td_err err;
-    if (td_db_run_begin(db, &info, &id, &err) != TD_OK) fail_msg("run_begin: %s", err.msg);
-    return id;
-}
-
-static int64_t raw_int(const char *path, const char *sql)
-{
-    int64_t v;
-    td_err err;
-    if (td_db_raw_query_int(path, sql, &v, &err) != TD_OK) fail_msg("%s: %s", sql, err.msg);
-    return v;
-}
-
-static const char *raw_text(const char *path, const char *sql)
-{
-    static char buf[4096];
-    td_err err;
-    if (td_db_raw_query_text(path, sql, buf, sizeof buf, &err) != TD_OK) fail_msg("%s: %s", sql, err.msg);
-    return buf;
-}
 
 /* File contents must be byte-identical to `before` (len bytes). */
 static void assert_unchanged(const char *path, const char *before, size_t len)

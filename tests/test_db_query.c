@@ -1,25 +1,12 @@
 /* test_db_query.c — run references, run listing and filters, show, info, compare and completions
  * (db/query.c). */
 #include "test_common.h"
+#include "db_fixture.h"
 #include "db/db.h"
 #include "db/query.h"
 #include "db/schema.h"
 
 #include <math.h>
-
-static td_db *open_ok(const char *path, unsigned flags)
-{
-    td_db *db = NULL;
-    td_err err;
-    if (td_db_open(path, flags, &db, &err) != TD_OK) fail_msg("open %s: %s", path, err.msg);
-    return db;
-}
-
-static void raw_exec(const char *path, const char *sql)
-{
-    td_err err;
-    if (td_db_raw_exec(path, sql, &err) != TD_OK) fail_msg("%s: %s", sql, err.msg);
-}
 
 /* A finished run of `kind`, started at `when` (ISO text, NULL: now), with commit `commit`. */
 static int64_t add_run(const char *path, const char *kind, const char *when, const char *commit)

@@ -1,25 +1,12 @@
 /* test_db_regress.c — baselines, thresholds, regression rules (also through `tandem db
  * regress` and its exit status) and trends with change detection (db/regress.c). */
 #include "test_common.h"
+#include "db_fixture.h"
 #include "db/db.h"
 #include "db/query.h"
 #include "db/schema.h"
 
 #include <math.h>
-
-static td_db *open_ok(const char *path, unsigned flags)
-{
-    td_db *db = NULL;
-    td_err err;
-    if (td_db_open(path, flags, &db, &err) != TD_OK) fail_msg("open %s: %s", path, err.msg);
-    return db;
-}
-
-static void raw_exec(const char *path, const char *sql)
-{
-    td_err err;
-    if (td_db_raw_exec(path, sql, &err) != TD_OK) fail_msg("%s: %s", sql, err.msg);
-}
 
 /* ---- a synthetic audit: 3 layers x 2 taps x 2 token counts, plus the other families ------ */
 

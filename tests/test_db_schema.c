@@ -1,18 +1,11 @@
 /* test_db_schema.c — schema history and forward migrations (db/schema.c). */
 #include "test_common.h"
+#include "db_fixture.h"
 #include "db/db.h"
 #include "db/query.h"
 #include "db/schema.h"
 
 #include <math.h>
-
-static int64_t raw_int(const char *path, const char *sql)
-{
-    int64_t v;
-    td_err err;
-    if (td_db_raw_query_int(path, sql, &v, &err) != TD_OK) fail_msg("%s: %s", sql, err.msg);
-    return v;
-}
 
 /* What a tandem of schema v1 wrote: a finished run and two layer rows. */
 static const char fill_v1[] =

@@ -1,26 +1,11 @@
 /* test_db_transfer.c — export (JSON, CSV), import and merge between stores (db/transfer.c). */
 #include "test_common.h"
+#include "db_fixture.h"
 #include "db/db.h"
 #include "db/query.h"
 #include "db/schema.h"
 
 #include <math.h>
-
-static td_db *open_ok(const char *path, unsigned flags)
-{
-    td_db *db = NULL;
-    td_err err;
-    if (td_db_open(path, flags, &db, &err) != TD_OK) fail_msg("open %s: %s", path, err.msg);
-    return db;
-}
-
-static int64_t raw_int(const char *path, const char *sql)
-{
-    int64_t v;
-    td_err err;
-    if (td_db_raw_query_int(path, sql, &v, &err) != TD_OK) fail_msg("%s: %s", sql, err.msg);
-    return v;
-}
 
 /* A finished run with `n` layer rows and one row of every other family. */
 static int64_t add_run(td_db *db, const char *kind, int n, bool finish)

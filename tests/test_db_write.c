@@ -1,6 +1,7 @@
 /* test_db_write.c — batches and typed result writers (db/write.c): atomic batches, every
  * result family, validation, a writer killed mid-batch, concurrent writer processes. */
 #include "test_common.h"
+#include "db_fixture.h"
 #include "db/db.h"
 #include "db/query.h"
 #include "db/schema.h"
@@ -8,30 +9,6 @@
 #include <math.h>
 #include <signal.h>
 #include <time.h>
-
-static td_db *open_ok(const char *path, unsigned flags)
-{
-    td_db *db = NULL;
-    td_err err;
-    if (td_db_open(path, flags, &db, &err) != TD_OK) fail_msg("open %s: %s", path, err.msg);
-    return db;
-}
-
-static int64_t raw_int(const char *path, const char *sql)
-{
-    int64_t v;
-    td_err err;
-    if (td_db_raw_query_int(path, sql, &v, &err) != TD_OK) fail_msg("%s: %s", sql, err.msg);
-    return v;
-}
-
-static const char *raw_text(const char *path, const char *sql)
-{
-    static char buf[4096];
-    td_err err;
-    if (td_db_raw_query_text(path, sql, buf, sizeof buf, &err) != TD_OK) fail_msg("%s: %s", sql, err.msg);
-    return buf;
-}
 
 /* Layer row i of a synthetic audit: every i has its own key (tap, rank, tokens). */
 static td_db_layer_row layer_row(int i, char *tap, size_t cap)
@@ -48,15 +25,6 @@ static td_db_layer_row layer_row(int i, char *tap, size_t cap)
         .rel_l2 = 1e-7 * (i % 5 + 1), .max_ulp = 3, .nmse = 1e-14, .cosine = 1.0, .finite = true,
         .first_diff = 5, .verdict = TD_DB_PASS};
     return r;
-}
-
-static int64_t begin_run(td_db *db, const char *kind)
-{
-    td_db_run_info info = {.kind = kind};
-    int64_t id;
-    td_err err;
-    if (td_db_run_begin(db, &info, &id, &err) != TD_OK) fail_msg("run_begin: %s", err.msg);
-    return id;
 }
 
 static void write_batch_commit_visible_rollback_invisible(void **state)
