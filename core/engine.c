@@ -612,3 +612,15 @@ td_status td_engine_put_tap(td_engine *e, int64_t layer, const char *suffix, td_
     if (!td_taps_wants(e->taps, name)) return TD_OK;
     return td_taps_put(e->taps, name, dtype, ndim, shape, data, err);
 }
+
+void td_engine_model_from_config(const td_config *c, td_engine_model *m)
+{
+    m->family = c->family;
+    m->hidden = c->hidden_size;
+    m->layers = c->num_hidden_layers;
+    m->num_experts = c->num_experts;
+    m->top_k = c->num_experts_per_tok;
+    m->moe_inter = c->moe_intermediate_size;
+    m->shared_inter = c->shared_expert_intermediate_size;
+    m->norm_topk_prob = c->norm_topk_prob;
+}

@@ -228,6 +228,9 @@ typedef struct td_engine_model {
     bool norm_topk_prob;
 } td_engine_model;
 
+/* The description of the model a config gives (every field from its config.json key). */
+void td_engine_model_from_config(const td_config *c, td_engine_model *m);
+
 /* ---- taps ---------------------------------------------------------------------------------- */
 
 #define TD_TAP_NAME_MAX 64

@@ -600,15 +600,7 @@ static td_status cu_load(const char *checkpoint, const td_variant *v, td_engine 
     snprintf(c->prefix, sizeof c->prefix, "%s", td_layout_set_prefix(c->set));
     {
         const td_config *cf = &c->cfg;
-        td_engine_model *m = &c->base.model;
-        m->family = cf->family;
-        m->hidden = cf->hidden_size;
-        m->layers = cf->num_hidden_layers;
-        m->num_experts = cf->num_experts;
-        m->top_k = cf->num_experts_per_tok;
-        m->moe_inter = cf->moe_intermediate_size;
-        m->shared_inter = cf->shared_expert_intermediate_size;
-        m->norm_topk_prob = cf->norm_topk_prob;
+        td_engine_model_from_config(cf, &c->base.model);
         if (v->tp_size > 1 && cf->num_experts > 0 &&
             (cf->moe_intermediate_size % v->tp_size || cf->shared_expert_intermediate_size % v->tp_size)) {
             st = td_err_set(err, TD_ERR_ARG,

@@ -308,15 +308,7 @@ static td_status ref_load(const char *checkpoint, const td_variant *v, td_engine
         st = td_err_set(err, TD_ERR_NOMEM, "engine ref: out of memory");
         goto fail;
     }
-    td_engine_model *m = &r->base.model;
-    m->family = c->family;
-    m->hidden = c->hidden_size;
-    m->layers = c->num_hidden_layers;
-    m->num_experts = c->num_experts;
-    m->top_k = c->num_experts_per_tok;
-    m->moe_inter = c->moe_intermediate_size;
-    m->shared_inter = c->shared_expert_intermediate_size;
-    m->norm_topk_prob = c->norm_topk_prob;
+    td_engine_model_from_config(c, &r->base.model);
 
     r->opts.nx.accum = v->accum;
     r->opts.nx.scale = v->scale;

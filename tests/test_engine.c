@@ -521,9 +521,41 @@ static void engine_load_errors(void **state)
     mf_free(&m);
 }
 
+/* td_engine_model_from_config copies every field from its config key (distinct values, so
+ * a swapped field shows). */
+static void engine_model_from_config_copies_every_field(void **state)
+{
+    (void)state;
+    td_config c;
+    memset(&c, 0, sizeof c);
+    c.family = TD_FAMILY_QWEN4_EXP;
+    c.hidden_size = 2560;
+    c.num_hidden_layers = 48;
+    c.num_experts = 512;
+    c.num_experts_per_tok = 10;
+    c.moe_intermediate_size = 640;
+    c.shared_expert_intermediate_size = 320;
+    c.norm_topk_prob = true;
+    td_engine_model m;
+    memset(&m, 0xA5, sizeof m);
+    td_engine_model_from_config(&c, &m);
+    assert_int_equal(m.family, TD_FAMILY_QWEN4_EXP);
+    assert_int_equal(m.hidden, 2560);
+    assert_int_equal(m.layers, 48);
+    assert_int_equal(m.num_experts, 512);
+    assert_int_equal(m.top_k, 10);
+    assert_int_equal(m.moe_inter, 640);
+    assert_int_equal(m.shared_inter, 320);
+    assert_true(m.norm_topk_prob);
+    c.norm_topk_prob = false;
+    td_engine_model_from_config(&c, &m);
+    assert_false(m.norm_topk_prob);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(engine_model_from_config_copies_every_field),
         cmocka_unit_test(variant_parse_valid),
         cmocka_unit_test(variant_parse_errors),
         cmocka_unit_test(variant_diff_and_neutral),
