@@ -9,33 +9,12 @@
  * integer reference.
  */
 #include "test_common.h"
+#include "bits_fixture.h"
 #include "audit/e4m3.h"
 
 #include <float.h>
 #include <math.h>
 #include <time.h>
-
-static uint32_t bits_of(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-
-static float float_of(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
 
 static td_codec_report g_rep; /* large; reused */
 

@@ -9,35 +9,13 @@
  * value table (E4M3, E2M1).
  */
 #include "test_common.h"
+#include "bits_fixture.h"
 #include "formats.h"
 
 #include <float.h>
 #include <math.h>
 
 /* ---- helpers ---------------------------------------------------------------------------- */
-
-static uint32_t bits_of(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-
-static float float_of(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
-/* splitmix64: a small seeded generator local to this test. */
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
 
 /* A random float32 pattern. Mixture: 1/4 uniform over all 2^32 patterns; 3/4 with a biased
  * exponent in [emin, emax] and a random sign, half of those with the low mantissa bits

@@ -15,6 +15,7 @@
  *   guard bytes).
  */
 #include "test_common.h"
+#include "bits_fixture.h"
 #include "formats.h"
 #include "nvfp4.h"
 
@@ -22,29 +23,6 @@
 #include <math.h>
 
 /* ---- helpers ---------------------------------------------------------------------------- */
-
-static uint32_t bits_of(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-
-static float float_of(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
-/* splitmix64: a small seeded generator local to this test. */
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
 
 /* uniform in (0, 1) */
 static double rng_unit(uint64_t *s)
