@@ -67,7 +67,6 @@ typedef struct cu_engine {
     td_st_set *set;
     char prefix[64];
     cu_layer *layers;           /* [num_hidden_layers] */
-    int nr, rank0;              /* ranks stored for the tensor-core path and the first one */
     bool mm_act;                /* act_dtype fp16|bf16: tensor-core path where weights allow */
     bool have_stream;
     void **dmem;                /* every device allocation, freed at the end */
@@ -256,7 +255,7 @@ static td_status load_one(cu_engine *c, const char *module, int64_t rows, int64_
 static bool mm_kind(int kind) { return kind == CU_W_NVFP4 || kind == CU_W_BF16; }
 
 /* Pack n experts (W13: gate hg and up hu; W2: down hg with hu NULL) for the ranks this engine
- * stores (c->nr from c->rank0; intermediate slice il per rank) into out. */
+ * stores (c->shape.nr from c->shape.rank0; intermediate slice il per rank) into out. */
 static td_status pack_set(cu_engine *c, const host_lin *hg, const host_lin *hu, int64_t n, int64_t il,
                           char (*names)[256], char (*unames)[256], cu_qmat *out, td_err *err)
 {
@@ -274,7 +273,7 @@ static td_status pack_set(cu_engine *c, const host_lin *hg, const host_lin *hu, 
     int64_t R, K, wb, sp, sr;
     cu_qmat_geometry(kind, rows, cols, &R, &K, &wb, &sp, &sr);
     const int64_t sb = kind == CU_W_NVFP4 ? (raw ? sr : sp) : 0;
-    const int64_t nm = n * c->nr;
+    const int64_t nm = n * c->shape.nr;
     memset(out, 0, sizeof *out);
     out->kind = kind;
     out->raw = raw;
@@ -302,8 +301,8 @@ static td_status pack_set(cu_engine *c, const host_lin *hg, const host_lin *hu, 
             if (!st && hu) st = admit_raw(&hu[e], unames[e], err);
             if (st) break;
         }
-        for (int ri = 0; ri < c->nr && !st; ri++) {
-            const int64_t r = c->rank0 + ri, m = e * c->nr + ri;
+        for (int ri = 0; ri < c->shape.nr && !st; ri++) {
+            const int64_t r = c->shape.rank0 + ri, m = e * c->shape.nr + ri;
             for (int64_t i = 0; i < rows; i++) {
                 const host_lin *src;
                 int64_t row, col0;
@@ -590,8 +589,8 @@ static td_status cu_load(const char *checkpoint, const td_variant *v, td_engine 
     snprintf(c->dir, sizeof c->dir, "%s", checkpoint);
     c->base.variant = *v;
     c->mm_act = v->act_dtype == TD_ACT_FP16 || v->act_dtype == TD_ACT_BF16;
-    c->nr = v->tp_rank == TD_TP_RANK_ALL ? v->tp_size : 1;
-    c->rank0 = v->tp_rank == TD_TP_RANK_ALL ? 0 : v->tp_rank;
+    c->shape.nr = v->tp_rank == TD_TP_RANK_ALL ? v->tp_size : 1;
+    c->shape.rank0 = v->tp_rank == TD_TP_RANK_ALL ? 0 : v->tp_rank;
     td_status st = cu_mm_init(err);
     if (!st) st = td_config_load(checkpoint, &c->cfg, err);
     if (!st) st = td_quant_load(checkpoint, &c->quant, err);
@@ -620,8 +619,6 @@ static td_status cu_load(const char *checkpoint, const td_variant *v, td_engine 
         bs->act = (int)v->act_dtype;
         bs->tp_size = v->tp_size;
         bs->tp_rank = v->tp_rank == TD_TP_RANK_ALL ? -1 : v->tp_rank;
-        bs->rank0 = c->rank0;
-        bs->nr = c->nr;
         bs->grouped = v->moe_dispatch == TD_DISPATCH_GROUPED;
         c->layers = (cu_layer *)calloc((size_t)(cf->num_hidden_layers > 0 ? cf->num_hidden_layers : 1),
                                        sizeof *c->layers);
