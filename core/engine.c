@@ -40,6 +40,7 @@ static const struct {
     [TD_OPT_GRAPHS] = {"graphs", true},
     [TD_OPT_THREADS] = {"threads", true},
     [TD_OPT_FAULT] = {"fault", true},
+    [TD_OPT_KERNELS] = {"kernels", true},
 };
 _Static_assert(TD_ARRAY_LEN(opt_table) == TD_OPT_COUNT, "one entry per option");
 
@@ -77,7 +78,8 @@ td_dtype td_act_dtype_tensor(td_act_dtype a)
      TD_OPT_BIT(TD_OPT_FAULT))
 #define CUDA_OPTIONS                                                                               \
     (TD_OPT_BIT(TD_OPT_STORAGE) | TD_OPT_BIT(TD_OPT_MOE_DISPATCH) | TD_OPT_BIT(TD_OPT_ACT_DTYPE) | \
-     TD_OPT_BIT(TD_OPT_TP_SIZE) | TD_OPT_BIT(TD_OPT_TP_RANK) | TD_OPT_BIT(TD_OPT_GRAPHS))
+     TD_OPT_BIT(TD_OPT_TP_SIZE) | TD_OPT_BIT(TD_OPT_TP_RANK) | TD_OPT_BIT(TD_OPT_GRAPHS) |      \
+     TD_OPT_BIT(TD_OPT_KERNELS))
 
 static const td_engine_entry registry[] = {
     {"ref", "scalar CPU reference engine (the oracle): FP32 in a fixed order, FP64 on request",
@@ -189,6 +191,12 @@ static td_status set_option(const char *text, td_variant *v, const char *key, co
         n_names = 2;
         break;
     }
+    case TD_OPT_KERNELS: {
+        static const char *const kinds[] = {"fast", "generic"};
+        names = kinds;
+        n_names = 2;
+        break;
+    }
     case TD_OPT_TP_SIZE: {
         long x;
         if (!parse_uint(val, 1, TD_TP_MAX, &x))
@@ -239,6 +247,7 @@ static td_status set_option(const char *text, td_variant *v, const char *key, co
     case TD_OPT_SCALE: v->scale = (td_scale_mode)c; break;
     case TD_OPT_FAULT: v->fault = (td_fault)c; break;
     case TD_OPT_GRAPHS: v->graphs = c == 1; break;
+    case TD_OPT_KERNELS: v->generic = c == 1; break;
     default: break;
     }
     return TD_OK;
@@ -327,6 +336,7 @@ char *td_variant_format(const td_variant *v, char *buf, size_t cap)
             }
             break;
         case TD_OPT_FAULT: if (v->fault) s = fault_names[v->fault]; break;
+        case TD_OPT_KERNELS: if (v->generic) s = "generic"; break;
         case TD_OPT_COUNT: break;
         }
         if (!s) continue;
@@ -359,6 +369,7 @@ unsigned td_variant_diff(const td_variant *a, const td_variant *b)
     if (a->graphs != b->graphs) d |= TD_OPT_BIT(TD_OPT_GRAPHS);
     if (a->threads != b->threads) d |= TD_OPT_BIT(TD_OPT_THREADS);
     if (a->fault != b->fault) d |= TD_OPT_BIT(TD_OPT_FAULT);
+    if (a->generic != b->generic) d |= TD_OPT_BIT(TD_OPT_KERNELS);
     return d;
 }
 

@@ -17,12 +17,14 @@
  *   act_dtype=fp32|fp16|bf16, accum=fp32|fp64, scale=exact|fp16, tp_size=N (1..64),
  *   tp_rank=R|all (0..tp_size-1; `all` = every rank, reduced), graphs=off|on,
  *   threads=N|auto (auto = every online CPU), fault=none|nibble_order|reciprocal_global|
- *   gate_up_swap|no_renorm|tp_slice (a planted bug for audit self-tests; never for results).
+ *   gate_up_swap|no_renorm|tp_slice (a planted bug for audit self-tests; never for results),
+ *   kernels=fast|generic (generic: an engine's specialised fast kernels are replaced by the
+ *   general ones they must match bit for bit; the cuda engine's decode kernel).
  *   td_engine_find(name)->options says which options an engine accepts.
  * - td_variant_format() writes the canonical text: the engine, then every option that differs
  *   from its default, in the order above. Two variants with the same canonical text compute
  *   the same thing, except that threads=auto is not resolved (td_variant_resolve does that).
- * - Options are either numerically neutral (storage, graphs, threads, fault: a correct engine
+ * - Options are either numerically neutral (storage, graphs, threads, fault, kernels: a correct engine
  *   gives the same bits; a fault is a bug pretending to be neutral) or numeric (moe_dispatch,
  *   act_dtype, accum, scale, tp_size, tp_rank). td_opt_is_neutral() tells which; audits derive
  *   a pair's default expectation from it.
@@ -128,6 +130,7 @@ typedef enum td_opt {
     TD_OPT_GRAPHS,
     TD_OPT_THREADS,
     TD_OPT_FAULT,
+    TD_OPT_KERNELS,
     TD_OPT_COUNT
 } td_opt;
 
@@ -153,6 +156,7 @@ typedef struct td_variant {
     bool graphs;
     int threads;                     /* 0 = auto (every online CPU) */
     td_fault fault;
+    bool generic;                    /* kernels=generic */
     unsigned set;                    /* TD_OPT_BIT(o) for every option given explicitly */
 } td_variant;
 

@@ -620,6 +620,7 @@ static td_status cu_load(const char *checkpoint, const td_variant *v, td_engine 
         bs->tp_size = v->tp_size;
         bs->tp_rank = v->tp_rank == TD_TP_RANK_ALL ? -1 : v->tp_rank;
         bs->grouped = v->moe_dispatch == TD_DISPATCH_GROUPED;
+        bs->generic = v->generic;
         c->layers = (cu_layer *)calloc((size_t)(cf->num_hidden_layers > 0 ? cf->num_hidden_layers : 1),
                                        sizeof *c->layers);
         if (!c->layers) {

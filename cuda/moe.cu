@@ -128,105 +128,281 @@ __global__ void k_linear(cu_lin W, int64_t r0, int64_t nrows, const float *x, in
     }
 }
 
-#define ROUTE_THREADS 256
+#define ROUTE_THREADS 512
 #define ROUTE_WARPS (ROUTE_THREADS / 32)
+/* Experts per thread, at most (E <= ROUTE_THREADS * ROUTE_PER). */
+#define ROUTE_PER 8
+/* Largest k of the block-wide selection (route_select); larger k take the rounds. */
+#define ROUTE_SELECT_K 1024
 
-/* One block per token: the max and the exponentials in parallel, their sum in a fixed tree
- * order (not the reference's ascending order: a probability can differ from the reference's
- * by rounding), then a bitonic sort of (p_i, i) in the total order of ranks_before (the
- * reference's top-k order: larger first, NaN last, lower index on ties; padding entries last),
- * whose first k entries are the top-k. */
-__global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, int64_t ld, int64_t E, int64_t N,
-                                                         int64_t k, bool renorm, int32_t *ids, float *weights)
+/* The best (under ranks_before) of a lane's offers across its warp; every lane ends with the
+ * same winner (ranks_before is a strict total order on distinct indices; -1 = no offer). */
+__device__ __forceinline__ void warp_best(float &v, int &i)
 {
-    /* shared: kv [N] probabilities (the sort keys), ki [N] expert ids (-1 for padding) */
-    extern __shared__ float kv[];
-    int32_t *ki = reinterpret_cast<int32_t *>(kv + N);
-    __shared__ float sv[ROUTE_WARPS];
-    __shared__ float m_s, s_s;
+    for (int off = 16; off >= 1; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+        const int oi = __shfl_xor_sync(0xffffffffu, i, off);
+        if (oi >= 0 && (i < 0 || ranks_before(ov, oi, v, i))) {
+            v = ov;
+            i = oi;
+        }
+    }
+}
+
+/* The top-k of probabilities without NaN (all >= +0, so their bit patterns order like their
+ * values), on the whole block: T = the k-th largest bit pattern, found by a radix selection
+ * (four histogram passes); the experts above T and the lowest-index ones equal to T (as many
+ * as needed) are the top-k; each finds its slot by counting the selected experts that
+ * rank before it (ranks_before). Same result as k rounds of arg-best. */
+__device__ void route_select(const float p[ROUTE_PER], int E, int k, bool renorm, int lane, int w, int64_t t,
+                             float *sh, int32_t *ids, float *weights)
+{
+    __shared__ int n_sel, eq_cnt[ROUTE_PER][ROUTE_WARPS], hist[256], digit_s, need_s;
+    __shared__ float sk_s;
+    float *sel_v = sh;                                   /* [k] */
+    int *sel_i = reinterpret_cast<int *>(sh + k);        /* [k] */
+    float *out_v = sh + 2 * k;                           /* [k] */
     const int tid = threadIdx.x;
+    uint32_t bits[ROUTE_PER];
+#pragma unroll
+    for (int j = 0; j < ROUTE_PER; j++) bits[j] = tid + j * ROUTE_THREADS < E ? __float_as_uint(p[j]) : 0u;
+    /* T by radix selection, 8 bits at a time from bit 30 (bit 31, the sign, is 0): a histogram
+     * of the next digit over the experts matching the digits so far, then the digit where
+     * the count from the top reaches the number still needed */
+    uint32_t T = 0, tmask = 0;
+    int need = k;
+    for (int pass = 0; pass < 4; pass++) {
+        const int shift = pass < 3 ? 23 - 8 * pass : 0, width = pass < 3 ? 8 : 7;
+        const uint32_t dmask = (1u << width) - 1u;
+        for (int b = tid; b < 256; b += ROUTE_THREADS) hist[b] = 0;
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < ROUTE_PER; j++)
+            if (tid + j * ROUTE_THREADS < E && (bits[j] & tmask) == T) atomicAdd(&hist[(bits[j] >> shift) & dmask], 1);
+        __syncthreads();
+        if (w == 0) {
+            /* lane l holds digits 8l .. 8l+7; counts above each digit from the top */
+            int c[8], tot = 0;
+#pragma unroll
+            for (int b = 7; b >= 0; b--) {
+                c[b] = hist[8 * lane + b];
+                tot += c[b];
+            }
+            int incl = tot; /* sum over lanes >= lane */
+            for (int off = 1; off < 32; off <<= 1) {
+                const int o = __shfl_down_sync(0xffffffffu, incl, off);
+                if (lane + off < 32) incl += o;
+            }
+            int above_lane = incl - tot; /* lanes > lane */
+#pragma unroll
+            for (int b = 7; b >= 0; b--) {
+                if (above_lane < need && above_lane + c[b] >= need) {
+                    digit_s = 8 * lane + b;
+                    need_s = need - above_lane;
+                }
+                above_lane += c[b];
+            }
+        }
+        __syncthreads();
+        T |= (uint32_t)digit_s << shift;
+        tmask |= dmask << shift;
+        need = need_s;
+        __syncthreads(); /* digit_s and need_s are rewritten by the next pass */
+    }
+    const int need_eq = need; /* >= 1: the experts equal to T still to take */
+    /* index order of the experts equal to T: j-major, then thread */
+    if (tid == 0) n_sel = 0;
+    unsigned eq_mask[ROUTE_PER];
+#pragma unroll
+    for (int j = 0; j < ROUTE_PER; j++) {
+        eq_mask[j] = __ballot_sync(0xffffffffu, tid + j * ROUTE_THREADS < E && bits[j] == T);
+        if (lane == 0) eq_cnt[j][w] = __popc(eq_mask[j]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < ROUTE_PER; j++) {
+        const int i = tid + j * ROUTE_THREADS;
+        if (i >= E) continue;
+        bool take = bits[j] > T;
+        if (bits[j] == T) {
+            int before = __popc(eq_mask[j] & ((1u << lane) - 1u));
+            for (int jj = 0; jj <= j; jj++)
+                for (int ww = 0; ww < (jj < j ? ROUTE_WARPS : w); ww++) before += eq_cnt[jj][ww];
+            take = before < need_eq;
+        }
+        if (take) { /* the arrival order is free: the slots come from the ranks below */
+            const int at = atomicAdd(&n_sel, 1);
+            sel_v[at] = p[j];
+            sel_i[at] = i;
+        }
+    }
+    __syncthreads();
+    for (int a = tid; a < k; a += ROUTE_THREADS) {
+        const float va = sel_v[a];
+        const int ia = sel_i[a];
+        int r = 0;
+        for (int b = 0; b < k; b++) r += ranks_before(sel_v[b], sel_i[b], va, ia);
+        ids[t * k + r] = ia;
+        out_v[r] = va;
+    }
+    __syncthreads();
+    if (renorm && tid == 0) {
+        float sk = 0.0f;
+        for (int j = 0; j < k; j++) sk = __fadd_rn(sk, out_v[j]);
+        sk_s = sk;
+    }
+    __syncthreads();
+    for (int j = tid; j < k; j += ROUTE_THREADS)
+        weights[t * k + j] = renorm ? __fdiv_rn(out_v[j], sk_s) : out_v[j];
+}
+
+/* One block of 512 threads per token; thread t owns experts t, t+512, ... (at most 8, kept in
+ * registers). The max and the exponentials in parallel; their sum in a fixed order (thread t
+ * adds its experts ascending, the lanes of a warp by a xor butterfly, then the warps in
+ * order: the reference adds ascending, so a probability can differ from it by rounding). The
+ * top-k in two stages: every warp lists its own experts' best min(k, n) in order (k rounds of
+ * a warp-wide arg-best, the owner of each winner offering its next best), then warp 0 merges
+ * the 16 lists (k rounds over the list heads). Order: ranks_before, the reference's. */
+__global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, int64_t ld, int E, int k, int lk,
+                                                         bool renorm, int32_t *ids, float *weights)
+{
+    extern __shared__ float route_sh[];          /* ROUTE_WARPS lists of lk (value, index) */
+    float *lv = route_sh;
+    int *li = reinterpret_cast<int *>(route_sh + ROUTE_WARPS * lk);
+    __shared__ float red[ROUTE_WARPS];
+    __shared__ float bcast;
+    __shared__ int any_nan;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     const int64_t t = blockIdx.x;
     const float *l = logits + t * ld;
-    /* max: the reference's scan (m = l[0]; m = l[i] when l[i] > m or m is NaN) equals the
-     * plain maximum when no logit is NaN; with a NaN anywhere thread 0 runs the scan itself. */
+    float p[ROUTE_PER];
     float m = -INFINITY;
     int nan = 0;
-    for (int64_t i = tid; i < E; i += ROUTE_THREADS) {
-        const float v = l[i];
-        if (isnan(v)) nan = 1;
-        else m = fmaxf(m, v);
-    }
-    nan = __syncthreads_or(nan);
-    for (int off = 16; off >= 1; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    if ((tid & 31) == 0) sv[tid >> 5] = m;
-    __syncthreads();
-    if (tid == 0) {
-        float mm = sv[0];
-        for (int w = 1; w < ROUTE_WARPS; w++) mm = fmaxf(mm, sv[w]);
-        if (nan) {
-            mm = l[0];
-            for (int64_t i = 1; i < E; i++)
-                if (l[i] > mm || isnan(mm)) mm = l[i];
-        }
-        m_s = mm;
-    }
-    __syncthreads();
-    m = m_s;
-    /* exponentials, and their sum in a fixed tree order: each thread adds its experts
-     * ascending, then the lanes of a warp by a xor butterfly, then the warps in order */
-    float part = 0.0f;
-    for (int64_t i = tid; i < N; i += ROUTE_THREADS) {
+#pragma unroll
+    for (int j = 0; j < ROUTE_PER; j++) {
+        const int i = tid + j * ROUTE_THREADS;
+        p[j] = i < E ? l[i] : 0.0f;
         if (i < E) {
-            const float e = (float)exp((double)__fsub_rn(l[i], m));
-            kv[i] = e;
-            ki[i] = (int32_t)i;
-            part = __fadd_rn(part, e);
-        } else {
-            kv[i] = NAN;
-            ki[i] = -1;
+            if (isnan(p[j])) nan = 1;
+            else m = fmaxf(m, p[j]);
         }
     }
-    for (int off = 16; off >= 1; off >>= 1) part = __fadd_rn(part, __shfl_xor_sync(0xffffffffu, part, off));
-    if ((tid & 31) == 0) sv[tid >> 5] = part;
+    /* max: the reference's scan (m = l[0]; m = l[i] when l[i] > m or m is NaN) equals the
+     * plain maximum when no logit is NaN; with a NaN anywhere thread 0 runs the scan itself. */
+    if (tid == 0) any_nan = 0;
+    for (int off = 16; off >= 1; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (lane == 0) red[w] = m;
     __syncthreads();
+    if (nan) any_nan = 1;
     if (tid == 0) {
-        float sum = sv[0];
-        for (int w = 1; w < ROUTE_WARPS; w++) sum = __fadd_rn(sum, sv[w]);
-        s_s = sum;
+        float mm = red[0];
+        for (int q = 1; q < ROUTE_WARPS; q++) mm = fmaxf(mm, red[q]);
+        bcast = mm;
     }
     __syncthreads();
-    const float s = s_s;
-    for (int64_t i = tid; i < E; i += ROUTE_THREADS) kv[i] = __fdiv_rn(kv[i], s);
+    if (any_nan && tid == 0) {
+        float mm = l[0];
+        for (int i = 1; i < E; i++)
+            if (l[i] > mm || isnan(mm)) mm = l[i];
+        bcast = mm;
+    }
     __syncthreads();
-    /* bitonic sort, ranks_before order ascending ("first" = best) */
-    for (int64_t size = 2; size <= N; size <<= 1) {
-        for (int64_t stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int64_t q = tid; q < N / 2; q += ROUTE_THREADS) {
-                const int64_t i = 2 * q - (q & (stride - 1)), j = i + stride;
-                const bool up = (i & size) == 0;
-                const float va = kv[i], vb = kv[j];
-                const int32_t ia = ki[i], ib = ki[j];
-                const bool a_first = ia >= 0 && (ib < 0 || ranks_before(va, ia, vb, ib));
-                const bool b_first = ib >= 0 && (ia < 0 || ranks_before(vb, ib, va, ia));
-                if (up ? b_first : a_first) {
-                    kv[i] = vb;
-                    kv[j] = va;
-                    ki[i] = ib;
-                    ki[j] = ia;
+    m = bcast;
+    float part = 0.0f;
+#pragma unroll
+    for (int j = 0; j < ROUTE_PER; j++)
+        if (tid + j * ROUTE_THREADS < E) {
+            p[j] = (float)exp((double)__fsub_rn(p[j], m));
+            part = __fadd_rn(part, p[j]);
+        }
+    for (int off = 16; off >= 1; off >>= 1) part = __fadd_rn(part, __shfl_xor_sync(0xffffffffu, part, off));
+    __syncthreads(); /* everyone has read bcast */
+    if (lane == 0) red[w] = part;
+    __syncthreads();
+    if (tid == 0) {
+        float sum = red[0];
+        for (int q = 1; q < ROUTE_WARPS; q++) sum = __fadd_rn(sum, red[q]);
+        bcast = sum;
+    }
+    __syncthreads();
+    const float sum = bcast;
+    /* probabilities */
+    int pnan = 0;
+#pragma unroll
+    for (int j = 0; j < ROUTE_PER; j++)
+        if (tid + j * ROUTE_THREADS < E) {
+            p[j] = __fdiv_rn(p[j], sum);
+            pnan |= isnan(p[j]);
+        }
+    if (!__syncthreads_or(pnan) && k <= ROUTE_SELECT_K) {
+        route_select(p, E, k, renorm, lane, w, t, route_sh, ids, weights);
+        return;
+    }
+    /* with a NaN probability (or k > ROUTE_SELECT_K): k rounds of arg-best; each thread's best
+     * untaken expert */
+    unsigned taken = 0;
+    float bv = 0.0f;
+    int bi = -1;
+#pragma unroll
+    for (int j = 0; j < ROUTE_PER; j++) {
+        const int i = tid + j * ROUTE_THREADS;
+        if (i < E && (bi < 0 || ranks_before(p[j], i, bv, bi))) {
+            bv = p[j];
+            bi = i;
+        }
+    }
+    /* stage 1: this warp's list (lk = min(k, experts per warp) entries; -1 ends a short list) */
+    for (int r = 0; r < lk; r++) {
+        float v = bv;
+        int i = bi;
+        warp_best(v, i);
+        if (lane == 0) {
+            lv[w * lk + r] = v;
+            li[w * lk + r] = i;
+        }
+        if (i >= 0 && i % ROUTE_THREADS == tid) {
+            taken |= 1u << (i / ROUTE_THREADS);
+            bi = -1;
+#pragma unroll
+            for (int j = 0; j < ROUTE_PER; j++) {
+                const int q = tid + j * ROUTE_THREADS;
+                if (q < E && !(taken >> j & 1u) && (bi < 0 || ranks_before(p[j], q, bv, bi))) {
+                    bv = p[j];
+                    bi = q;
                 }
             }
-            __syncthreads();
         }
     }
-    if (tid == 0 && renorm) {
-        float sk = 0.0f;
-        for (int64_t j = 0; j < k; j++) sk = __fadd_rn(sk, kv[j]);
-        for (int64_t j = 0; j < k; j++) kv[j] = __fdiv_rn(kv[j], sk);
-    }
     __syncthreads();
-    for (int64_t j = tid; j < k; j += ROUTE_THREADS) {
-        ids[t * k + j] = ki[j];
-        weights[t * k + j] = kv[j];
+    if (w != 0) return;
+    /* stage 2: warp 0 merges the lists; lane q < ROUTE_WARPS offers the head of list q */
+    int h = 0;
+    float hv = 0.0f;
+    int hi = -1;
+    if (lane < ROUTE_WARPS) {
+        hv = lv[lane * lk];
+        hi = li[lane * lk];
+    }
+    float sk = 0.0f;
+    for (int j = 0; j < k; j++) {
+        float v = hv;
+        int i = hi;
+        warp_best(v, i);
+        if (lane == 0) {
+            ids[t * k + j] = i;
+            weights[t * k + j] = v;
+            sk = __fadd_rn(sk, v);
+        }
+        if (lane < ROUTE_WARPS && i >= 0 && i == hi) {
+            h++;
+            hi = h < lk ? li[lane * lk + h] : -1;
+            hv = h < lk ? lv[lane * lk + h] : 0.0f;
+        }
+    }
+    if (renorm) {
+        sk = __shfl_sync(0xffffffffu, sk, 0);
+        __syncwarp();
+        for (int j = lane; j < k; j += 32) weights[t * k + j] = __fdiv_rn(weights[t * k + j], sk);
     }
 }
 
@@ -314,13 +490,16 @@ td_status cu_moe_route(const float *logits, int64_t ld, int64_t M, int64_t E, in
                        float *weights, cudaStream_t s, td_err *err)
 {
     if (M <= 0) return TD_OK;
-    if (E < 1 || k < 1 || k > E || E > 4096)
+    if (E < 1 || k < 1 || k > E || E > ROUTE_THREADS * ROUTE_PER || M > 0x7fffffff)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: routing %lld experts top-%lld is outside the kernel's range",
                           (long long)E, (long long)k);
-    int64_t N = 2;
-    while (N < E) N <<= 1;
-    const size_t smem = (size_t)N * (sizeof(float) + sizeof(int32_t));
-    k_route<<<(unsigned)M, ROUTE_THREADS, smem, s>>>(logits, ld, E, N, k, renorm, ids, weights);
+    /* a warp's list: its best min(k, experts it owns) */
+    const int64_t per_warp = ((E + ROUTE_THREADS - 1) / ROUTE_THREADS) * 32;
+    const int lk = (int)(k < per_warp ? k : per_warp);
+    const size_t lists = (size_t)ROUTE_WARPS * lk * (sizeof(float) + sizeof(int)); /* rounds (NaN) */
+    const size_t select = k <= ROUTE_SELECT_K ? (size_t)k * 3 * sizeof(float) : 0; /* route_select */
+    const size_t smem = lists > select ? lists : select;
+    k_route<<<(unsigned)M, ROUTE_THREADS, smem, s>>>(logits, ld, (int)E, (int)k, lk, renorm, ids, weights);
     TD_CU_LAUNCHED(err, "k_route");
     return TD_OK;
 }

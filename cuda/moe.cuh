@@ -10,15 +10,18 @@
  *   contraction). The 32 lane sums are then added by a xor butterfly (offsets 16, 8, 4, 2,
  *   1); addition is commutative, so every lane ends with the same bits.
  *   NVFP4 weights: w = fl32(e2m1(code) * eff), eff the prepared FP16 effective scale.
- * - Routing (cu_moe_route): one block of 256 threads per token, the reference's arithmetic
+ * - Routing (cu_moe_route): one block of 512 threads per token, the reference's arithmetic
  *   (ref/moe.h steps 2-4) except the order of one sum: the max (a block maximum, which equals
  *   the reference's scan unless a logit is NaN, in which case one thread runs the scan),
- *   e_i = fl32(exp(l_i - m)) with exp in double, their sum in a fixed tree order (thread t adds
- *   experts t, t+256, ... ascending; the lanes of a warp by a xor butterfly; the warps in
- *   order: the reference adds ascending, so the sum and the probabilities can differ from it by
- *   rounding), p_i = e_i / sum, then a bitonic sort of (p_i, i) in the order "larger first,
- *   NaN last, lower index on ties" (the reference's top-k order), whose first k entries are the
- *   top-k, and the renormalization in slot order. At most 4096 experts.
+ *   e_i = fl32(exp(l_i - m)) with exp in double, their sum in a fixed order (thread t adds
+ *   experts t, t+512, ... ascending, the lanes of a warp by a xor butterfly, then the 16 warps
+ *   in order: the reference adds ascending, so the sum and the probabilities can differ from
+ *   it by rounding), p_i = e_i / sum, then the top-k in the order "larger first, NaN last,
+ *   lower index on ties" (the reference's): slot j holds the j-th best. Without NaN (and
+ *   k <= 1024) by selection: the k-th largest bit pattern found bit by bit with block-wide
+ *   counts, then each selected expert's slot by counting those that rank before it; otherwise
+ *   by k rounds of arg-best. Renormalization adds the k weights in slot order and divides.
+ *   At most 4096 experts.
  * - SwiGLU: h = fl32(silu(g) * u), silu in double rounded once, then rounded to act_dtype.
  * - Combine (cu_moe_combine): one thread per (token, column): sum over slots j = 0..k-1 in
  *   order of fl32(w_j * y_j), then + fl32(sg * y_s), from +0, rounded to act_dtype; with

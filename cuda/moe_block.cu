@@ -51,6 +51,7 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
     m.out_n = il;
     m.epi = CU_MM_SWIGLU;
     m.act = sh->act;
+    m.generic = sh->generic;
     td_status st = cu_mm(&m, s, err);
     if (st) return st;
     m.W = *w2;
@@ -105,6 +106,7 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
         m.out_n = ly->router_q.rows;
         m.epi = CU_MM_F32;
         m.act = act;
+        m.generic = sh->generic;
         st = cu_mm(&m, s, err);
     } else {
         if (need_router) st = cu_moe_linear(ly->router, 0, E, c->xa, H, Mc, c->logits, lg, s, err);

@@ -44,6 +44,7 @@ typedef struct cu_block_shape {
     int tp_size, tp_rank;       /* tp_rank -1: every rank, summed in rank order */
     int rank0, nr;              /* ranks stored on the tensor-core path */
     bool grouped;
+    bool generic;               /* every projection on the general kernel (kernels=generic) */
 } cu_block_shape;
 
 /* Workspace for up to C tokens (sizes in brackets). */

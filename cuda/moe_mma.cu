@@ -43,6 +43,18 @@ static void eff_table(float global, int conv, uint16_t lut[256])
         lut[code] = td_f32_to_f16(td_nvfp4_block_factor((uint8_t)code, global, conv ? TD_NVFP4_CT : TD_NVFP4_MODELOPT));
 }
 
+/* Bit positions of fragment element j's code in its 32-bit word (see the header): register
+ * J = j % 4, the low half for j < 4, the high half (+16) for j >= 4; magnitude bits at
+ * mag_at[J] .. mag_at[J] + 2, the sign at sign_at[J]. */
+static const int mag_at[4] = {9, 0, 3, 12};
+static const int sign_at[4] = {15, 6, 7, 8};
+
+static uint32_t place(uint32_t code, int j)
+{
+    const int J = j & 3, hi = j >= 4 ? 16 : 0;
+    return (code & 7u) << (mag_at[J] + hi) | (code >> 3 & 1u) << (sign_at[J] + hi);
+}
+
 static uint32_t nib(const uint8_t *row, int64_t c, int64_t cols)
 {
     return (row && c < cols) ? (row[c / 2] >> (4 * (c & 1))) & 15u : 0u;
@@ -71,13 +83,13 @@ void cu_pack_nvfp4(const uint8_t *const *row_w, const uint8_t *const *row_s, con
                         /* bytes holding columns (2q, 2q+1) and (2q+8, 2q+9) of both rows */
                         const uint32_t b0 = wl[kb * 8 + q], b1 = wh[kb * 8 + q];
                         const uint32_t b2 = wl[kb * 8 + q + 4], b3 = wh[kb * 8 + q + 4];
-                        word = (b0 & 15u) | (b1 & 15u) << 4 | (b2 & 15u) << 8 | (b3 & 15u) << 12 | (b0 >> 4) << 16 |
-                               (b1 >> 4) << 20 | (b2 >> 4) << 24 | (b3 >> 4) << 28;
+                        word = place(b0 & 15u, 0) | place(b1 & 15u, 1) | place(b2 & 15u, 2) | place(b3 & 15u, 3) |
+                               place(b0 >> 4, 4) | place(b1 >> 4, 5) | place(b2 >> 4, 6) | place(b3 >> 4, 7);
                     } else {
                         word = 0;
                         for (int j = 0; j < 8; j++) {
                             const uint8_t *row = frag_row[j] ? wh : wl;
-                            word |= nib(row, kb * 16 + 2 * q + frag_col[j], cols) << (4 * j);
+                            word |= place(nib(row, kb * 16 + 2 * q + frag_col[j], cols), j);
                         }
                     }
                     uint8_t *dst = w + (((rt * KS + ks) * 32 + lane) * 2 + b) * 4;
@@ -137,14 +149,17 @@ void cu_pack_bf16(const uint16_t *const *row_w, int64_t rows, int64_t cols, uint
 
 /* ==== device helpers ========================================================================= */
 
-/* A-fragment half2 register j of an NVFP4 word: nibbles j (low half) and j+4 (high half) as
- * FP16 e2m1 x 2^-14 (magnitude bits to bits 9..11, sign to bit 15). */
+/* A-fragment half2 register J of an NVFP4 word (the packer's `place` layout) as FP16
+ * e2m1 x 2^-14: magnitude bits moved to bits 9..11 (25..27), the sign to bit 15 (31). The
+ * layout puts register 0 in place already and register 1 one shift away, so a word takes 11
+ * integer instructions. */
 template <int J>
 __device__ __forceinline__ uint32_t e2m1x2_f16(uint32_t w)
 {
-    const uint32_t mag = (J <= 2 ? (w << (9 - 4 * J)) : (w >> 3)) & 0x0E000E00u;
-    const uint32_t sgn = (J <= 2 ? (w << (12 - 4 * J)) : w) & 0x80008000u;
-    return mag | sgn;
+    if (J == 0) return w & 0x8E008E00u;
+    if (J == 1) return (w << 9) & 0x8E008E00u;
+    if (J == 2) return ((w << 6) & 0x0E000E00u) | ((w << 8) & 0x80008000u);
+    return ((w >> 3) & 0x0E000E00u) | ((w << 7) & 0x80008000u);
 }
 
 __device__ __forceinline__ uint32_t f16x2_to_bf16x2(uint32_t h)
@@ -184,6 +199,7 @@ __device__ __forceinline__ void mma16816(const uint32_t a[4], uint32_t b0, uint3
  * steps, NC a power of two <= 8 with chunk <= MM_PREFETCH where possible. */
 struct mm_geo {
     int KS, NC, chunk;
+    int nc_log2;    /* NC = 1 << nc_log2 */
     int64_t xs_w;   /* 32-bit words per staged input row: K/2 rounded up to 32, plus 16 */
 };
 
@@ -196,6 +212,8 @@ static mm_geo geo_of(int64_t K)
     while (g.NC < want && g.NC < MM_MAX_WARPS) g.NC *= 2;
     g.chunk = (g.KS + g.NC - 1) / g.NC;
     if (g.chunk < 1) g.chunk = 1;
+    g.nc_log2 = 0;
+    while ((1 << g.nc_log2) < g.NC) g.nc_log2++;
     g.xs_w = (K / 2 + 31) / 32 * 32 + 16;
     return g;
 }
@@ -207,44 +225,48 @@ struct mm_args {
     int xrows;      /* staged input rows (the most tokens a group can have) */
 };
 
-/* Where the pair of input columns (2w, 2w+1) goes in a staged row: per 32-column step, lane
- * quad q finds the four words it needs (columns 2q and 2q+8 of both 16-column blocks) side by
- * side, so one 16-byte load fetches them. */
-__device__ __forceinline__ int64_t xs_slot(int64_t w)
-{
-    const int64_t step = w >> 4;
-    const int wi = (int)(w & 15), b = wi >> 3, u = wi & 7;
-    return step * 16 + (u & 3) * 4 + b * 2 + (u >> 2);
-}
+/* Staged rows: the pair of input columns (2w, 2w+1) of step w / 16 goes to word
+ * (w / 16) * 16 + (u & 3) * 4 + b * 2 + (u >> 2), with b = (w % 16) / 8 (the 16-column block)
+ * and u = w % 8: lane quad q then finds the four words it needs (columns 2q and 2q+8 of both
+ * blocks) side by side, so one 16-byte load fetches them. */
 
-/* Stage the group's input rows into shared memory as 16-bit pairs in the xs_slot order (the
- * block's threads together; columns at or beyond in_cols become 0), with the BF16 hi / lo
- * split of FP16 inputs for BF16 weights (copy 1 holds lo). Ends with __syncthreads(). */
+/* Stage the group's input rows into shared memory as 16-bit pairs in that order (the
+ * block's threads together, 16 bytes per load; columns at or beyond in_cols become 0), with
+ * the BF16 hi / lo split of FP16 inputs for BF16 weights (copy 1 holds lo). Ends with
+ * __syncthreads(). Words 4v .. 4v+3 (v = 4s + m) land at s*16 + i*4 + (m>>1)*2 + (m&1),
+ * i = 0..3. */
 template <bool SPLIT>
 __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, int64_t slot0, int count, uint32_t *xs)
 {
-    const int64_t xs_w = a.geo.xs_w, half = a.c.W.K / 2, valid = a.c.in_cols / 2;
-    const int64_t copy = (int64_t)a.xrows * xs_w;
+    const int xs_w = (int)a.geo.xs_w, nv = (int)(a.c.W.K / 8), valid = (int)(a.c.in_cols / 8);
+    const int copy = a.xrows * xs_w;
+    const int div = (int)a.c.in_div;
     for (int j = 0; j < count; j++) {
-        const int64_t slot = plist ? plist[j] : slot0 + j;
-        const uint32_t *src = reinterpret_cast<const uint32_t *>(a.c.in16 + (slot / a.c.in_div) * a.c.in_ld);
-        for (int64_t w = threadIdx.x; w < half; w += blockDim.x) {
-            const uint32_t v = w < valid ? __ldg(src + w) : 0u;
-            const int64_t d = j * xs_w + xs_slot(w);
-            if (!SPLIT) {
-                xs[d] = v;
-            } else {
-                __half2 h;
-                memcpy(&h, &v, 4);
-                const float2 f = __half22float2(h);
-                const __nv_bfloat162 hi = __floats2bfloat162_rn(f.x, f.y);
-                const float2 hf = __bfloat1622float2(hi);
-                const __nv_bfloat162 lo = __floats2bfloat162_rn(__fsub_rn(f.x, hf.x), __fsub_rn(f.y, hf.y));
-                uint32_t uh, ul;
-                memcpy(&uh, &hi, 4);
-                memcpy(&ul, &lo, 4);
-                xs[d] = uh;
-                xs[copy + d] = ul;
+        const int slot = plist ? plist[j] : (int)slot0 + j;
+        const uint4 *src = reinterpret_cast<const uint4 *>(a.c.in16 + (int64_t)(slot / div) * a.c.in_ld);
+        for (int v = threadIdx.x; v < nv; v += blockDim.x) {
+            const uint4 q4 = v < valid ? __ldg(src + v) : make_uint4(0, 0, 0, 0);
+            const int m = v & 3;
+            uint32_t *d = xs + j * xs_w + (v >> 2) * 16 + (m >> 1) * 2 + (m & 1);
+            const uint32_t w4[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint32_t w = w4[i];
+                if (!SPLIT) {
+                    d[i * 4] = w;
+                } else {
+                    __half2 h;
+                    memcpy(&h, &w, 4);
+                    const float2 f = __half22float2(h);
+                    const __nv_bfloat162 hi = __floats2bfloat162_rn(f.x, f.y);
+                    const float2 hf = __bfloat1622float2(hi);
+                    const __nv_bfloat162 lo = __floats2bfloat162_rn(__fsub_rn(f.x, hf.x), __fsub_rn(f.y, hf.y));
+                    uint32_t uh, ul;
+                    memcpy(&uh, &hi, 4);
+                    memcpy(&ul, &lo, 4);
+                    d[i * 4] = uh;
+                    d[copy + i * 4] = ul;
+                }
             }
         }
     }
@@ -517,8 +539,271 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, NTMAX == 1 ? 3 : 2) k_mm(mm
     mm_epilogue(c, rt, count, plist, slot0, lane, ntn, v);
 }
 
+/* ==== the decode kernel =========================================================================
+ *
+ * k_dec: k_mm's arithmetic for one 8-token tile and chunks of exactly CH steps, each warp
+ * computing whole row tiles (its NC chunks one after the other, added in chunk order: k_mm's
+ * unsplit mode, the same bits as its split mode). Persistent: a grid of a few blocks per SM,
+ * each block taking a contiguous range of items (item = group x 8 row tiles, one per warp;
+ * ranges differ by at most one item). Every warp streams its chunks through two buffers of
+ * its own: while it computes one chunk from shared memory, the next one (of this tile or of
+ * its tile in the next item) is on its way (cp.async), so no block barrier is needed except
+ * where the walk enters a new group and the group's input rows are staged. */
+
+/* Blocks per SM the decode kernel is built for (registers), at most. */
+#define DEC_BLOCKS 3
+/* Chunk buffers per warp: DEC_STAGES - 1 chunks are in flight while one is computed (at most
+ * 32: one mbarrier per buffer, phases kept in one word). */
+#define DEC_STAGES 4
+
+/* Bytes of one chunk of one warp: CH steps of weights (256 bytes each) and of scales (16 rows
+ * x 2 blocks: FP16 prepared, E4M3 raw). */
+template <int WK, int CH> struct dec_sizes {
+    static constexpr int w = CH * 256;
+    static constexpr int s = CH * (WK == 0 ? 64 : 32);
+    static constexpr int chunk = w + s;
+    static constexpr int bufs = MM_MAX_WARPS * DEC_STAGES * chunk; /* a ring of DEC_STAGES per warp */
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* A warp's chunk buffers are filled by the bulk-copy engine: one thread arms the buffer's
+ * mbarrier with the expected byte count and issues the copies; the warp waits on the
+ * barrier's phase. */
+__device__ __forceinline__ void mbar_init(uint64_t *bar)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence(void)
+{
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t phase)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(smem_addr(bar)), "r"(phase)
+                     : "memory");
+    } while (!done);
+}
+
+/* A block's walk over its items: group g (matrix, slots) and block of 8 row tiles tb. The
+ * group lookup (a global load) runs only when the walk enters a new group. */
+struct dec_pos {
+    int g, tb, count, slot0;
+    int64_t mat;
+    const int32_t *plist;
+};
+
+__device__ __forceinline__ void dec_group(const mm_args &a, dec_pos &p)
+{
+    int64_t mat, slot0;
+    mm_group(a, p.g, mat, p.count, p.plist, slot0); /* g < the number of groups: true */
+    p.mat = mat;
+    p.slot0 = (int)slot0;
+}
+
+__device__ __forceinline__ dec_pos dec_next(const mm_args &a, dec_pos p, int tbx)
+{
+    if (++p.tb == tbx) {
+        p.tb = 0;
+        p.g++;
+        dec_group(a, p);
+    }
+    return p;
+}
+
+/* Source of chunk 0 of row tile rt of the position's matrix: weights and scales. */
+template <int WK, int CH>
+__device__ __forceinline__ void dec_src(const mm_args &a, const dec_pos &p, int rt, const uint8_t *&gw, const uint8_t *&gs)
+{
+    typedef dec_sizes<WK, CH> Z;
+    const int64_t step0 = (int64_t)rt * a.geo.KS;
+    gw = a.c.W.w + p.mat * a.c.W.mat_w + step0 * 256;
+    gs = a.c.W.s + p.mat * a.c.W.mat_s + step0 * (Z::s / CH);
+}
+
+/* Lane 0 issues one chunk (weights, then scales) into `buf`, completing on `bar`. */
+template <int WK, int CH>
+__device__ __forceinline__ void dec_issue(const uint8_t *gw, const uint8_t *gs, uint8_t *buf, uint64_t *bar, int lane)
+{
+    typedef dec_sizes<WK, CH> Z;
+    if (lane == 0) {
+        mbar_expect(bar, Z::chunk);
+        bulk_copy(buf, gw, Z::w, bar);
+        bulk_copy(buf + Z::w, gs, Z::s, bar);
+    }
+}
+
+/* Partial sums of one chunk (acc from +0) from its buffer; B from the staged rows, steps from
+ * step0 of the row. */
+template <int WK, int ACT, int CH>
+__device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, const uint8_t *buf, const uint32_t *xs,
+                                          int step0, int lane, float acc[4])
+{
+    typedef dec_sizes<WK, CH> Z;
+    const cu_mm_call &c = a.c;
+    const int g = lane >> 2, q = lane & 3;
+    const uint2 *wsm = reinterpret_cast<const uint2 *>(buf) + lane;
+    const uint4 *xrow = reinterpret_cast<const uint4 *>(xs + g * (int)a.geo.xs_w + q * 4) + step0 * 4;
+    const bool has = g < p.count;
+    float2 glob = make_float2(0.f, 0.f);
+    if (WK == 1) glob = c.W.g[p.mat];
+#pragma unroll
+    for (int e = 0; e < 4; e++) acc[e] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < CH; i++) {
+        const uint2 wq = wsm[i * 32];
+        const uint4 Bs = has ? xrow[i * 4] : make_uint4(0, 0, 0, 0);
+        float2 eff_lo, eff_hi;
+        if (WK == 0) {
+            const uint32_t *sp = reinterpret_cast<const uint32_t *>(buf + Z::w) + i * 16 + g;
+            __half2 hl, hh;
+            const uint32_t ul = sp[0], uh = sp[8];
+            memcpy(&hl, &ul, 4);
+            memcpy(&hh, &uh, 4);
+            eff_lo = __half22float2(hl);
+            eff_hi = __half22float2(hh);
+        } else {
+            const uint16_t *sp = reinterpret_cast<const uint16_t *>(buf + Z::w) + i * 16 + g;
+            const uint32_t sl = sp[0], sh = sp[8];
+            eff_lo = make_float2(cu_raw_eff(sl & 0xffu, glob.x, c.W.conv), cu_raw_eff(sl >> 8, glob.x, c.W.conv));
+            eff_hi = make_float2(cu_raw_eff(sh & 0xffu, glob.y, c.W.conv), cu_raw_eff(sh >> 8, glob.y, c.W.conv));
+        }
+#pragma unroll
+        for (int bb = 0; bb < 2; bb++) {
+            const uint32_t word = bb ? wq.y : wq.x;
+            uint32_t A[4] = {e2m1x2_f16<0>(word), e2m1x2_f16<1>(word), e2m1x2_f16<2>(word), e2m1x2_f16<3>(word)};
+            if (ACT == 2)
+#pragma unroll
+                for (int j = 0; j < 4; j++) A[j] = f16x2_to_bf16x2(A[j]);
+            float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+            mma16816<ACT>(A, bb ? Bs.z : Bs.x, bb ? Bs.w : Bs.y, d0, d1, d2, d3);
+            const float e_lo = bb ? eff_lo.y : eff_lo.x, e_hi = bb ? eff_hi.y : eff_hi.x;
+            acc[0] = __fmaf_rn(e_lo, d0, acc[0]);
+            acc[1] = __fmaf_rn(e_lo, d1, acc[1]);
+            acc[2] = __fmaf_rn(e_hi, d2, acc[2]);
+            acc[3] = __fmaf_rn(e_hi, d3, acc[3]);
+        }
+    }
+}
+
+template <int WK, int ACT, int CH>
+__global__ void __launch_bounds__(MM_MAX_WARPS * 32, DEC_BLOCKS) k_dec(mm_args a, int tbx)
+{
+    typedef dec_sizes<WK, CH> Z;
+    extern __shared__ uint4 dec_sh[];
+    __shared__ uint64_t bars[MM_MAX_WARPS][DEC_STAGES];
+    const cu_mm_call &c = a.c;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint8_t *ring = reinterpret_cast<uint8_t *>(dec_sh) + warp * DEC_STAGES * Z::chunk; /* this warp's buffers */
+    uint64_t *bar = bars[warp];
+    uint32_t *xs = reinterpret_cast<uint32_t *>(reinterpret_cast<uint8_t *>(dec_sh) + Z::bufs);
+    const int NC = a.geo.NC, RT = (int)(c.W.R / 16);
+    /* items: groups x blocks of 8 row tiles, item = g * tbx + tb; this block's contiguous share */
+    const int groups = c.perm ? *c.n_groups : (int)((c.nslots + c.pack - 1) / c.pack);
+    const int n_items = groups * tbx;
+    const int it0 = (int)((int64_t)blockIdx.x * n_items / gridDim.x);
+    const int it1 = (int)((int64_t)(blockIdx.x + 1) * n_items / gridDim.x);
+    if (it0 >= it1) return;
+    if (lane < DEC_STAGES) mbar_init(&bar[lane]);
+    mbar_init_fence();
+    __syncwarp();
+    dec_pos cur;
+    cur.g = it0 / tbx;
+    cur.tb = it0 - cur.g * tbx;
+    dec_group(a, cur);
+    /* chunk k of this warp's stream lives in buffer k % DEC_STAGES; the issue cursor runs
+     * DEC_STAGES chunks ahead of the computed one; a padding tile (rt >= RT) is neither issued
+     * nor waited for */
+    dec_pos ipos = cur;
+    int iit = it0, ich = 0, irt = ipos.tb * MM_MAX_WARPS + warp;
+    const uint8_t *gw, *gs;
+    dec_src<WK, CH>(a, ipos, irt, gw, gs);
+    for (int st = 0; st < DEC_STAGES && iit < it1; st++) {
+        if (irt < RT) dec_issue<WK, CH>(gw, gs, ring + st * Z::chunk, &bar[st], lane);
+        gw += Z::w;
+        gs += Z::s;
+        if (++ich == NC) {
+            ich = 0;
+            if (++iit < it1) {
+                ipos = dec_next(a, ipos, tbx);
+                irt = ipos.tb * MM_MAX_WARPS + warp;
+                dec_src<WK, CH>(a, ipos, irt, gw, gs);
+            }
+        }
+    }
+    stage_x<false>(a, cur.plist, cur.slot0, cur.count, xs);
+    int slot = 0;
+    uint32_t phases = 0; /* bit s: the phase buffer s waits for next */
+    for (int it = it0; it < it1; it++) {
+        const int rt = cur.tb * MM_MAX_WARPS + warp;
+        const bool live = rt < RT;
+        float v[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        for (int ch = 0; ch < NC; ch++) {
+            if (live) {
+                mbar_wait(&bar[slot], phases >> slot & 1u);
+                phases ^= 1u << slot;
+                float p[4];
+                dec_chunk<WK, ACT, CH>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
+#pragma unroll
+                for (int e = 0; e < 4; e++) v[0][e] = ch == 0 ? p[e] : __fadd_rn(v[0][e], p[e]);
+            }
+            __syncwarp(); /* every lane is done with this buffer before it is refilled */
+            /* refill this buffer with the chunk DEC_STAGES ahead */
+            if (iit < it1) {
+                if (irt < RT) dec_issue<WK, CH>(gw, gs, ring + slot * Z::chunk, &bar[slot], lane);
+                gw += Z::w;
+                gs += Z::s;
+                if (++ich == NC) {
+                    ich = 0;
+                    if (++iit < it1) {
+                        ipos = dec_next(a, ipos, tbx);
+                        irt = ipos.tb * MM_MAX_WARPS + warp;
+                        dec_src<WK, CH>(a, ipos, irt, gw, gs);
+                    }
+                }
+            }
+            slot = slot + 1 == DEC_STAGES ? 0 : slot + 1;
+        }
+        if (live) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[0][e] = __fmul_rn(v[0][e], 16384.0f); /* the codes' 2^-14 */
+            mm_epilogue(c, rt, cur.count, cur.plist, cur.slot0, lane, 1, v);
+        }
+        if (it + 1 < it1) {
+            const dec_pos nxt = dec_next(a, cur, tbx);
+            if (nxt.g != cur.g) { /* the same for every thread: a uniform branch */
+                __syncthreads(); /* every warp is done with the staged rows */
+                stage_x<false>(a, nxt.plist, nxt.slot0, nxt.count, xs);
+            }
+            cur = nxt;
+        }
+    }
+}
+
 /* int32 words before the 8-byte aligned scan partials of k_group's shared memory. */
-__host__ __device__ static inline int64_t group_off(int64_t nslots, int64_t E) { return (nslots + E + 1) / 2 * 2; }
+/* k_group's slot-id array, padded past its end (to a multiple of 4 words, plus 4) so that the
+ * compiler's wide loads of the last ids never reach into the counts that follow. */
+__host__ __device__ static inline int64_t group_sid_words(int64_t nslots) { return (nslots + 3) / 4 * 4 + 4; }
+__host__ __device__ static inline int64_t group_off(int64_t nslots, int64_t E)
+{
+    return (group_sid_words(nslots) + E + 1) / 2 * 2;
+}
 
 /* Grouped dispatch on one block: count per expert, exclusive scans of slots and packs, then
  * every expert writes its packs and its slots in ascending slot order. */
@@ -527,11 +812,11 @@ __global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int
                                                          int32_t *g_count, int32_t *perm)
 {
     extern __shared__ int32_t sh[];
-    int32_t *sid = sh;                    /* [nslots] */
-    int32_t *cnt = sid + nslots;          /* [E] */
+    int32_t *sid = sh;                    /* [nslots], padded to group_sid_words */
+    int32_t *cnt = sid + group_sid_words(nslots); /* [E] */
     long long *part = reinterpret_cast<long long *>(sh + group_off(nslots, E)); /* [64] */
     const int tid = threadIdx.x;
-    for (int64_t s = tid; s < nslots; s += GROUP_THREADS) sid[s] = ids[s];
+    for (int64_t s = tid; s < group_sid_words(nslots); s += GROUP_THREADS) sid[s] = s < nslots ? ids[s] : -1;
     __syncthreads();
     for (int64_t e = tid; e < E; e += GROUP_THREADS) {
         int32_t n = 0;
@@ -594,6 +879,12 @@ static cudaError_t set_smem_limit(void)
     return cudaFuncSetAttribute(k_mm<WK, ACT, NTMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX);
 }
 
+template <int WK, int ACT, int CH>
+static cudaError_t set_dec_smem(void)
+{
+    return cudaFuncSetAttribute(k_dec<WK, ACT, CH>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX);
+}
+
 td_status cu_mm_init(td_err *err)
 {
     TD_CU_TRY(err, (set_smem_limit<0, 1, 1>()));
@@ -608,6 +899,14 @@ td_status cu_mm_init(td_err *err)
     TD_CU_TRY(err, (set_smem_limit<2, 1, 2>()));
     TD_CU_TRY(err, (set_smem_limit<2, 2, 1>()));
     TD_CU_TRY(err, (set_smem_limit<2, 2, 2>()));
+    TD_CU_TRY(err, (set_dec_smem<0, 1, 10>()));
+    TD_CU_TRY(err, (set_dec_smem<0, 2, 10>()));
+    TD_CU_TRY(err, (set_dec_smem<1, 1, 10>()));
+    TD_CU_TRY(err, (set_dec_smem<1, 2, 10>()));
+    TD_CU_TRY(err, (set_dec_smem<0, 1, 5>()));
+    TD_CU_TRY(err, (set_dec_smem<0, 2, 5>()));
+    TD_CU_TRY(err, (set_dec_smem<1, 1, 5>()));
+    TD_CU_TRY(err, (set_dec_smem<1, 2, 5>()));
     TD_CU_TRY(err, cudaFuncSetAttribute(k_group, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
     return TD_OK;
 }
@@ -644,6 +943,31 @@ static td_status launch(const mm_args &a, dim3 grid, cudaStream_t s, td_err *err
     return TD_OK;
 }
 
+template <int WK, int ACT, int CH>
+static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
+{
+    typedef dec_sizes<WK, CH> Z;
+    const size_t smem = (size_t)Z::bufs + (size_t)a.xrows * (size_t)a.geo.xs_w * 4;
+    if (smem > MM_SMEM_MAX)
+        return td_err_set(err, TD_ERR_RANGE, "cuda moe: K = %lld needs %zu bytes of shared memory per block",
+                          (long long)a.c.W.K, smem);
+    int dev = 0, sms = 0;
+    TD_CU_TRY(err, cudaGetDevice(&dev));
+    TD_CU_TRY(err, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    /* blocks per SM: what shared memory allows, at most DEC_BLOCKS */
+    int bps = (int)((227 * 1024) / (smem + 1024));
+    if (bps > DEC_BLOCKS) bps = DEC_BLOCKS;
+    if (bps < 1) bps = 1;
+    const int64_t tbx = (a.c.W.R / 16 + MM_MAX_WARPS - 1) / MM_MAX_WARPS;
+    const int64_t items = a.c.max_groups * tbx;
+    if (items > 0x7fffffff)
+        return td_err_set(err, TD_ERR_RANGE, "cuda moe: %lld work items in one launch", (long long)items);
+    const int64_t grid = items < (int64_t)sms * bps ? items : (int64_t)sms * bps;
+    k_dec<WK, ACT, CH><<<(unsigned)grid, MM_MAX_WARPS * 32, smem, s>>>(a, (int)tbx);
+    TD_CU_LAUNCHED(err, "k_dec");
+    return TD_OK;
+}
+
 template <int WK, int ACT>
 static td_status launch_nt(const mm_args &a, int ntmax, dim3 grid, cudaStream_t s, td_err *err)
 {
@@ -657,7 +981,7 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
         return td_err_set(err, TD_ERR_UNSUPPORTED, "cuda moe: the tensor-core path needs act_dtype fp16 or bf16");
     if (c->max_groups > 65535)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: %lld groups in one launch", (long long)c->max_groups);
-    if (c->in_cols > c->W.K || (c->in_cols & 15) || (c->in_ld & 1))
+    if (c->in_cols > c->W.K || (c->in_cols & 15) || (c->in_ld & 7) || ((uintptr_t)c->in16 & 15))
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: input of %lld columns (ld %lld) for K = %lld",
                           (long long)c->in_cols, (long long)c->in_ld, (long long)c->W.K);
     if (!c->perm && c->pack > 2 * 8)
@@ -676,6 +1000,15 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     const int WK = c->W.kind == CU_W_NVFP4 ? (c->W.raw ? 1 : 0) : 2;
     const int64_t RT = c->W.R / 16;
     dim3 grid((unsigned)((RT + rpb - 1) / rpb), (unsigned)c->max_groups);
+    const bool dec = !c->generic && a.split && a.xrows <= 8 && WK < 2 && (a.geo.chunk == 10 || a.geo.chunk == 5) &&
+                     a.geo.KS == a.geo.NC * a.geo.chunk && !((uintptr_t)c->W.w & 15) && !((uintptr_t)c->W.s & 15);
+    if (dec) {
+        const bool c10 = a.geo.chunk == 10;
+        if (WK == 0 && c->act == 1) return c10 ? launch_dec<0, 1, 10>(a, s, err) : launch_dec<0, 1, 5>(a, s, err);
+        if (WK == 0) return c10 ? launch_dec<0, 2, 10>(a, s, err) : launch_dec<0, 2, 5>(a, s, err);
+        if (c->act == 1) return c10 ? launch_dec<1, 1, 10>(a, s, err) : launch_dec<1, 1, 5>(a, s, err);
+        return c10 ? launch_dec<1, 2, 10>(a, s, err) : launch_dec<1, 2, 5>(a, s, err);
+    }
     if (WK == 0) return c->act == 1 ? launch_nt<0, 1>(a, ntmax, grid, s, err) : launch_nt<0, 2>(a, ntmax, grid, s, err);
     if (WK == 1) return c->act == 1 ? launch_nt<1, 1>(a, ntmax, grid, s, err) : launch_nt<1, 2>(a, ntmax, grid, s, err);
     return c->act == 1 ? launch_nt<2, 1>(a, ntmax, grid, s, err) : launch_nt<2, 2>(a, ntmax, grid, s, err);

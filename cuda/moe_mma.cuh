@@ -11,9 +11,12 @@
  *   rows c0..c0+7, rows 8..15 up rows c0..c0+7), so one thread holds gate and up of the same
  *   column and SwiGLU needs no exchange; W2 tiles are 16 consecutive output rows.
  * - NVFP4 weights: per (tile rt, step ks, lane) one uint2, word b for 16-column block 2ks+b;
- *   lane l (g = l/4, q = l%4) gets, in nibbles 0..7, the codes of (row, column) (g, 2q),
+ *   lane l (g = l/4, q = l%4) gets the codes of elements j = 0..7, (row, column) (g, 2q),
  *   (g+8, 2q), (g, 2q+8), (g+8, 2q+8), (g, 2q+1), (g+8, 2q+1), (g, 2q+9), (g+8, 2q+9) of the
- *   block: nibble pairs (j, j+4) are the A-fragment half2 registers j = 0..3.
+ *   block; elements (J, J+4) are the A-fragment half2 register J = 0..3. Element j's 3
+ *   magnitude bits sit at bits m..m+2 and its sign bit at bit s, (m, s) = (9, 15), (0, 6),
+ *   (3, 7), (12, 8) for J = 0..3, plus 16 for j >= 4: register 0 is then in FP16 position
+ *   already and the others one or two shifts away.
  * - prepared scales: FP16 effective scales [rt][ks][row 0..15][2 blocks]; raw scales: the
  *   checkpoint's E4M3 bytes in the same order, plus one float2 per matrix (decode multipliers of
  *   tile rows 0..7 and 8..15: gate and up for W13, the same value twice for W2).
@@ -43,6 +46,12 @@
  *   own column of B). Hence moe_dispatch=direct and grouped give identical bits.
  * - Epilogue: W13 h = act_dtype(fl32(silu(gate) x up)), silu in double rounded once; W2
  *   y = act_dtype(sum).
+ *
+ * Kernels: k_mm is the general kernel. Decode-sized calls of NVFP4 matrices (fewer than 256
+ * slots, at most 8 per group, K cut in chunks of exactly 5 or 10 steps) run on k_dec, which
+ * computes the same sums in the same order (so the same bits) with less work per weight: a
+ * warp's loads for its whole chunk issued at once through 32-bit offsets, no per-step bounds,
+ * one 8-token tile. `generic` keeps every call on k_mm, so the two can be compared.
  *
  * Groups: a group is one expert (matrix) and up to CU_MM_PACK slots. Direct dispatch: group g
  * is slot g alone. Grouped dispatch: cu_mm_group() sorts slots by expert (ascending expert,
@@ -126,6 +135,7 @@ typedef struct cu_mm_call {
     uint16_t *out16;
     int64_t out_ld, out_n;
     int epi, act;
+    int generic;                 /* 1: always k_mm (the decode kernel k_dec is never used) */
 } cu_mm_call;
 
 td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err);

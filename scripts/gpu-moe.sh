@@ -7,6 +7,8 @@
 #             direct/grouped, TP1 and the TP4 slice), with the cuBLAS BF16 baseline
 #   audit     tandem audit layer on flash-next-moe-layer (3 layers) and on edge
 #   sanitize  compute-sanitizer memcheck and racecheck on a small bench run
+#   profile   the expert kernels' machine code (instruction counts) and an ncu profile of one
+#             decode step (M = 1) with the decode kernel and with kernels=generic
 set -u
 out=$1; shift
 secs=${*:-tests bench audit sanitize}
@@ -24,7 +26,7 @@ for s in $secs; do case $s in
 tests)
   t test_cuda_moe $B/test_cuda_moe ;;
 bench)
-  for cfg in "--act fp16" "--act fp16 --dispatch grouped" "--act fp16 --storage raw" "--act bf16" \
+  for cfg in "--act fp16" "--act fp16 --kernels generic" "--act fp16 --dispatch grouped" "--act fp16 --storage raw" "--act bf16" \
              "--act bf16 --dispatch grouped" "--act fp16 --tp 4" "--act fp16 --tp 4 --dispatch grouped"; do
     n=bench_$(echo $cfg | tr -d '-' | tr ' ' '_')
     t $n $B/moe_decode $cfg --cublas "$cublas" --db "$out/bench.db"
@@ -48,4 +50,12 @@ sanitize)
   t memcheck compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --experts 64 --M 1,5,16,40 --iters 3 --sets 2 --act fp16 --dispatch grouped
   t memcheck_raw compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --experts 64 --M 3,17 --iters 3 --sets 2 --act bf16 --storage raw --tp 4
   t racecheck compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 512 --inter 256 --shared 256 --M 1,9 --iters 2 --sets 1 --act fp16 --dispatch grouped ;;
+profile)
+  for f in k_dec k_mm; do cuobjdump -sass -fun "$f" $B/moe_decode > "$out/logs/sass_$f.txt" 2>&1; done
+  for kn in fast generic; do
+    t ncu_$kn ncu --clock-control none --kernel-name regex:'k_dec|k_mm|k_route' --launch-count 8 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+      --section LaunchStats --section InstructionStats \
+      $B/moe_decode --no-cublas --M 1 --iters 3 --sets 2 --act fp16 --kernels $kn
+  done ;;
 esac; done

@@ -75,6 +75,12 @@ static void variant_parse_valid(void **state)
                      TD_OK);
     assert_string_equal(td_variant_format(&v, buf, sizeof buf),
                         "cuda:storage=raw,moe_dispatch=grouped,act_dtype=fp16,graphs=on");
+    assert_int_equal(td_variant_parse("cuda:kernels=generic,act_dtype=bf16", &v, &err), TD_OK);
+    assert_true(v.generic);
+    assert_string_equal(td_variant_format(&v, buf, sizeof buf), "cuda:act_dtype=bf16,kernels=generic");
+    assert_int_equal(td_variant_parse("cuda:kernels=fast", &v, &err), TD_OK);
+    assert_false(v.generic);
+    assert_string_equal(td_variant_format(&v, buf, sizeof buf), "cuda");
 }
 
 static void variant_parse_errors(void **state)
@@ -108,6 +114,8 @@ static void variant_parse_errors(void **state)
         {"ref:tp_rank=4,tp_size=4", "tp_rank 4 is not below tp_size 4"},
         {"ref:tp_rank=1", "tp_rank 1 is not below tp_size 1"},
         {"cuda:graphs=maybe", "expected off|on"},
+        {"cuda:kernels=slow", "expected fast|generic"},
+        {"ref:kernels=generic", "option 'kernels' is not supported by engine 'ref'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         td_variant v;
@@ -139,6 +147,7 @@ static void variant_diff_and_neutral(void **state)
     assert_true(td_opt_is_neutral(TD_OPT_STORAGE));
     assert_true(td_opt_is_neutral(TD_OPT_GRAPHS));
     assert_true(td_opt_is_neutral(TD_OPT_FAULT));
+    assert_true(td_opt_is_neutral(TD_OPT_KERNELS));
     assert_false(td_opt_is_neutral(TD_OPT_SCALE));
     assert_false(td_opt_is_neutral(TD_OPT_MOE_DISPATCH));
     assert_false(td_opt_is_neutral(TD_OPT_TP_RANK));

@@ -3,6 +3,7 @@
  *
  * usage: moe_decode [--hidden 2560] [--experts 512] [--inter 640] [--topk 10] [--shared 640]
  *                   [--tp 1] [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]
+ *                   [--kernels fast|generic]
  *                   [--M 1,2,4,8,16,784] [--iters 200] [--sets 16] [--seed 1]
  *                   [--cublas LIB] [--no-cublas] [--db PATH] [--json]
  *
@@ -199,7 +200,7 @@ static void gemm_rowmajor(blas *b, const void *W, const void *x, float *y, int N
 typedef struct opts {
     int64_t H, E, I, k, Is, tp;
     int act;            /* 1 fp16, 2 bf16 */
-    bool raw, grouped, json, no_cublas;
+    bool raw, grouped, json, no_cublas, generic;
     std::vector<int64_t> Ms;
     int iters, sets;
     uint64_t seed;
@@ -210,6 +211,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: moe_decode [--hidden N] [--experts N] [--inter N] [--topk N] [--shared N] [--tp N]\n"
                     "                  [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]\n"
+                    "                  [--kernels fast|generic]\n"
                     "                  [--M 1,2,4,8,16,784] [--iters N] [--sets N] [--seed N] [--cublas LIB]\n"
                     "                  [--db PATH] [--json] [--no-cublas]\n");
     exit(2);
@@ -229,7 +231,7 @@ static int64_t num(const char *opt, const char *v)
 static void parse(int argc, char **argv, opts *o)
 {
     o->H = 2560, o->E = 512, o->I = 640, o->k = 10, o->Is = 640, o->tp = 1;
-    o->act = 1, o->raw = false, o->grouped = false, o->json = false, o->no_cublas = false;
+    o->act = 1, o->raw = false, o->grouped = false, o->json = false, o->no_cublas = false, o->generic = false;
     o->Ms = {1, 2, 4, 8, 16, 784};
     o->iters = 200, o->sets = 16, o->seed = 1, o->cublas = NULL, o->db = NULL;
     for (int i = 1; i < argc; i++) {
@@ -262,6 +264,9 @@ static void parse(int argc, char **argv, opts *o)
         } else if (!strcmp(a, "--storage")) {
             if (!strcmp(v, "raw")) o->raw = true;
             else if (strcmp(v, "prepared")) usage();
+        } else if (!strcmp(a, "--kernels")) {
+            if (!strcmp(v, "generic")) o->generic = true;
+            else if (strcmp(v, "fast")) usage();
         } else if (!strcmp(a, "--dispatch")) {
             if (!strcmp(v, "grouped")) o->grouped = true;
             else if (strcmp(v, "direct")) usage();
@@ -452,6 +457,7 @@ int main(int argc, char **argv)
     shape.rank0 = 0;
     shape.nr = 1;
     shape.grouped = o.grouped;
+    shape.generic = o.generic;
 
     /* ---- workspace ---- */
     const int64_t C = Mmax, S = C * k;
@@ -651,8 +657,9 @@ int main(int argc, char **argv)
 
     const char *act_name = o.act == 1 ? "fp16" : "bf16";
     char variant[96];
-    snprintf(variant, sizeof variant, "cuda:act_dtype=%s,storage=%s,moe_dispatch=%s,tp_size=%lld", act_name,
-             o.raw ? "raw" : "prepared", o.grouped ? "grouped" : "direct", (long long)o.tp);
+    snprintf(variant, sizeof variant, "cuda:act_dtype=%s,storage=%s,moe_dispatch=%s,tp_size=%lld%s", act_name,
+             o.raw ? "raw" : "prepared", o.grouped ? "grouped" : "direct", (long long)o.tp,
+             o.generic ? ",kernels=generic" : "");
     if (o.json) {
         printf("{\"gpu\": \"%s\", \"copy_bw_GBps\": %.1f, \"variant\": \"%s\", \"hidden\": %lld, \"experts\": %lld, "
                "\"inter_per_rank\": %lld, \"topk\": %lld, \"rows\": [",

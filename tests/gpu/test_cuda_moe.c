@@ -26,7 +26,10 @@
  *   reversed, random and the router's own, and activation scales 0.001, 0.1, 1, 3 (fp16
  *   tensor-core path against ref:scale=fp16,act_dtype=fp16, grouped == direct bit for bit);
  * - raw storage refused at load (TD_ERR_RANGE, naming tensor, element, code and reason) when
- *   one block scale is NaN or negative; grouped dispatch refused with act_dtype=fp32.
+ *   one block scale is NaN or negative; grouped dispatch refused with act_dtype=fp32;
+ * - the decode kernel (k_dec) against the general kernel (kernels=generic), bit for bit, for
+ *   fp16/bf16, prepared/raw, direct/grouped, graphs, TP slices, on a shape where every routed
+ *   projection takes it, and against ref.
  * Without a CUDA device every test skips with a message.
  */
 #include "test_common.h"
@@ -459,6 +462,56 @@ static void cuda_vs_ref_wide(void **state)
     run_fixture("gpu_wide", &o);
 }
 
+/* The decode kernel (k_dec: decode-sized NVFP4 calls whose K cut has chunks of 10 or 5
+ * steps) against the general kernel, bit for bit, and against the reference. The shape is
+ * chosen so that every routed projection qualifies: hidden 640 (W13: 20 steps, 2 chunks of
+ * 10), inter 320 (W2: 10 steps, 1 chunk; 160 per rank with tp_size=2: 5 steps), shared 160. */
+static void cuda_decode_kernel(void **state)
+{
+    (void)state;
+    mf_opts o;
+    mf_defaults(&o);
+    o.seed = 27;
+    o.hidden = 640;
+    o.experts = 32;
+    o.top_k = 6;
+    o.inter = 320;
+    o.shared_inter = 160;
+    o.layers = 1;
+    mf_model m;
+    const char *dir = fixture("gpu_dec", &o, &m);
+    if (no_gpu(dir)) {
+        mf_free(&m);
+        skip();
+    }
+    exact_call seq[40];
+    size_t n = 0;
+    for (int64_t M = 1; M <= 17; M++) {
+        seq[n++] = (exact_call){M, M % 3 == 0 ? 5 : -1, (uint64_t)(400 + M)};
+        compare(dir, "ref:scale=fp16,act_dtype=fp16", "cuda:act_dtype=fp16", 4e-3, 0, M, M % 2 ? -1 : 5, "dec");
+    }
+    for (int p = 0; p < 6; p++) seq[n++] = (exact_call){8, p, (uint64_t)(500 + p)};
+    seq[n++] = (exact_call){32, -1, 532};
+    seq[n++] = (exact_call){1, -1, 533};
+    compare(dir, "ref:scale=fp16,act_dtype=bf16", "cuda:act_dtype=bf16,storage=raw", 3e-2, 0, 4, -1, "dec");
+    compare(dir, "ref", "cuda:act_dtype=fp16,tp_size=2,tp_rank=all", 2e-3, 0, 16, -1, "dec");
+    static const char *const vs[] = {
+        "cuda:act_dtype=fp16",
+        "cuda:act_dtype=bf16",
+        "cuda:act_dtype=fp16,storage=raw",
+        "cuda:act_dtype=bf16,storage=raw,graphs=on",
+        "cuda:act_dtype=fp16,moe_dispatch=grouped",
+        "cuda:act_dtype=fp16,tp_size=2,tp_rank=all",
+        "cuda:act_dtype=bf16,storage=raw,tp_size=2,tp_rank=1",
+    };
+    for (size_t i = 0; i < TD_ARRAY_LEN(vs); i++) {
+        char generic[128];
+        snprintf(generic, sizeof generic, "%s,kernels=generic", vs[i]);
+        exact_seq(dir, vs[i], generic, 0, seq, n, "dec");
+    }
+    mf_free(&m);
+}
+
 static void cuda_rejects(void **state)
 {
     (void)state;
@@ -518,6 +571,7 @@ int main(void)
         cmocka_unit_test(cuda_vs_ref_wide),
         cmocka_unit_test(cuda_raw_admission),
         cmocka_unit_test(cuda_sweep),
+        cmocka_unit_test(cuda_decode_kernel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
