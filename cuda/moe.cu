@@ -177,8 +177,14 @@ __device__ void route_select(const float p[ROUTE_PER], int E, int k, bool renorm
         for (int b = tid; b < 256; b += ROUTE_THREADS) hist[b] = 0;
         __syncthreads();
 #pragma unroll
-        for (int j = 0; j < ROUTE_PER; j++)
-            if (tid + j * ROUTE_THREADS < E && (bits[j] & tmask) == T) atomicAdd(&hist[(bits[j] >> shift) & dmask], 1);
+        for (int j = 0; j < ROUTE_PER; j++) {
+            if (j * ROUTE_THREADS >= E) break; /* uniform */
+            /* one atomic per distinct digit of the warp (probabilities share few exponents) */
+            const bool in = tid + j * ROUTE_THREADS < E && (bits[j] & tmask) == T;
+            const int d = in ? (int)((bits[j] >> shift) & dmask) : -1;
+            const unsigned peers = __match_any_sync(0xffffffffu, d);
+            if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[d], __popc(peers));
+        }
         __syncthreads();
         if (w == 0) {
             /* lane l holds digits 8l .. 8l+7; counts above each digit from the top */
@@ -258,8 +264,9 @@ __device__ void route_select(const float p[ROUTE_PER], int E, int k, bool renorm
 
 /* One block of 512 threads per token; thread t owns experts t, t+512, ... (at most 8, kept in
  * registers). The max and the exponentials in parallel; their sum in a fixed order (thread t
- * adds its experts ascending, the lanes of a warp by a xor butterfly, then the warps in
- * order: the reference adds ascending, so a probability can differ from it by rounding). The
+ * adds its experts ascending, the lanes of a warp by a xor butterfly, then the 16 warp sums
+ * by a xor butterfly: the reference adds ascending, so a probability can differ from it by
+ * rounding). The
  * top-k in two stages: every warp lists its own experts' best min(k, n) in order (k rounds of
  * a warp-wide arg-best, the owner of each winner offering its next best), then warp 0 merges
  * the 16 lists (k rounds over the list heads). Order: ranks_before, the reference's. */
@@ -294,10 +301,10 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, in
     if (lane == 0) red[w] = m;
     __syncthreads();
     if (nan) any_nan = 1;
-    if (tid == 0) {
-        float mm = red[0];
-        for (int q = 1; q < ROUTE_WARPS; q++) mm = fmaxf(mm, red[q]);
-        bcast = mm;
+    if (w == 0) {
+        float mm = lane < ROUTE_WARPS ? red[lane] : -INFINITY;
+        for (int off = ROUTE_WARPS / 2; off >= 1; off >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, off));
+        if (lane == 0) bcast = mm;
     }
     __syncthreads();
     if (any_nan && tid == 0) {
@@ -319,10 +326,10 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, in
     __syncthreads(); /* everyone has read bcast */
     if (lane == 0) red[w] = part;
     __syncthreads();
-    if (tid == 0) {
-        float sum = red[0];
-        for (int q = 1; q < ROUTE_WARPS; q++) sum = __fadd_rn(sum, red[q]);
-        bcast = sum;
+    if (w == 0) { /* the 16 warp sums by a xor butterfly over lanes 0..15 */
+        float sum = lane < ROUTE_WARPS ? red[lane] : 0.0f;
+        for (int off = ROUTE_WARPS / 2; off >= 1; off >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, off));
+        if (lane == 0) bcast = sum;
     }
     __syncthreads();
     const float sum = bcast;

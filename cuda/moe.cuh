@@ -14,8 +14,8 @@
  *   (ref/moe.h steps 2-4) except the order of one sum: the max (a block maximum, which equals
  *   the reference's scan unless a logit is NaN, in which case one thread runs the scan),
  *   e_i = fl32(exp(l_i - m)) with exp in double, their sum in a fixed order (thread t adds
- *   experts t, t+512, ... ascending, the lanes of a warp by a xor butterfly, then the 16 warps
- *   in order: the reference adds ascending, so the sum and the probabilities can differ from
+ *   experts t, t+512, ... ascending, the lanes of a warp by a xor butterfly, then the 16 warp
+ *   sums by a xor butterfly: the reference adds ascending, so the sum and the probabilities can differ from
  *   it by rounding), p_i = e_i / sum, then the top-k in the order "larger first, NaN last,
  *   lower index on ties" (the reference's): slot j holds the j-th best. Without NaN (and
  *   k <= 1024) by selection: the k-th largest bit pattern found bit by bit with block-wide

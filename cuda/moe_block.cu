@@ -64,6 +64,7 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
     m.out_ld = H;
     m.out_n = H;
     m.epi = CU_MM_STORE;
+    m.pdl = 1; /* W2's routes and groups predate W13: its weights can load while W13 runs */
     return cu_mm(&m, s, err);
 }
 

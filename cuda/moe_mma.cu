@@ -551,10 +551,14 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, NTMAX == 1 ? 3 : 2) k_mm(mm
  * where the walk enters a new group and the group's input rows are staged. */
 
 /* Blocks per SM the decode kernel is built for (registers), at most. */
+#ifndef DEC_BLOCKS
 #define DEC_BLOCKS 3
+#endif
 /* Chunk buffers per warp: DEC_STAGES - 1 chunks are in flight while one is computed (at most
  * 32: one mbarrier per buffer, phases kept in one word). */
-#define DEC_STAGES 4
+#ifndef DEC_STAGES
+#define DEC_STAGES 2
+#endif
 
 /* Bytes of one chunk of one warp: CH steps of weights (256 bytes each) and of scales (16 rows
  * x 2 blocks: FP16 prepared, E4M3 raw). */
@@ -649,26 +653,35 @@ __device__ __forceinline__ void dec_issue(const uint8_t *gw, const uint8_t *gs, 
     }
 }
 
-/* Partial sums of one chunk (acc from +0) from its buffer; B from the staged rows, steps from
- * step0 of the row. */
-template <int WK, int ACT, int CH>
+/* Partial sums of one chunk (acc from +0) for NT 8-token tiles, from its buffer; B from the
+ * staged rows, steps from step0 of the row. */
+template <int WK, int ACT, int CH, int NT>
 __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, const uint8_t *buf, const uint32_t *xs,
-                                          int step0, int lane, float acc[4])
+                                          int step0, int lane, float acc[2][4])
 {
     typedef dec_sizes<WK, CH> Z;
     const cu_mm_call &c = a.c;
     const int g = lane >> 2, q = lane & 3;
     const uint2 *wsm = reinterpret_cast<const uint2 *>(buf) + lane;
-    const uint4 *xrow = reinterpret_cast<const uint4 *>(xs + g * (int)a.geo.xs_w + q * 4) + step0 * 4;
-    const bool has = g < p.count;
+    const uint4 *xrow[2];
+    bool has[2];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        xrow[nt] = reinterpret_cast<const uint4 *>(xs + (nt * 8 + g) * (int)a.geo.xs_w + q * 4) + step0 * 4;
+        has[nt] = nt * 8 + g < p.count;
+    }
     float2 glob = make_float2(0.f, 0.f);
     if (WK == 1) glob = c.W.g[p.mat];
 #pragma unroll
-    for (int e = 0; e < 4; e++) acc[e] = 0.0f;
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
 #pragma unroll
     for (int i = 0; i < CH; i++) {
         const uint2 wq = wsm[i * 32];
-        const uint4 Bs = has ? xrow[i * 4] : make_uint4(0, 0, 0, 0);
+        uint4 Bs[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) Bs[nt] = has[nt] ? xrow[nt][i * 4] : make_uint4(0, 0, 0, 0);
         float2 eff_lo, eff_hi;
         if (WK == 0) {
             const uint32_t *sp = reinterpret_cast<const uint32_t *>(buf + Z::w) + i * 16 + g;
@@ -691,19 +704,23 @@ __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, co
             if (ACT == 2)
 #pragma unroll
                 for (int j = 0; j < 4; j++) A[j] = f16x2_to_bf16x2(A[j]);
-            float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
-            mma16816<ACT>(A, bb ? Bs.z : Bs.x, bb ? Bs.w : Bs.y, d0, d1, d2, d3);
             const float e_lo = bb ? eff_lo.y : eff_lo.x, e_hi = bb ? eff_hi.y : eff_hi.x;
-            acc[0] = __fmaf_rn(e_lo, d0, acc[0]);
-            acc[1] = __fmaf_rn(e_lo, d1, acc[1]);
-            acc[2] = __fmaf_rn(e_hi, d2, acc[2]);
-            acc[3] = __fmaf_rn(e_hi, d3, acc[3]);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+                mma16816<ACT>(A, bb ? Bs[nt].z : Bs[nt].x, bb ? Bs[nt].w : Bs[nt].y, d0, d1, d2, d3);
+                acc[nt][0] = __fmaf_rn(e_lo, d0, acc[nt][0]);
+                acc[nt][1] = __fmaf_rn(e_lo, d1, acc[nt][1]);
+                acc[nt][2] = __fmaf_rn(e_hi, d2, acc[nt][2]);
+                acc[nt][3] = __fmaf_rn(e_hi, d3, acc[nt][3]);
+            }
         }
     }
 }
 
-template <int WK, int ACT, int CH>
-__global__ void __launch_bounds__(MM_MAX_WARPS * 32, DEC_BLOCKS) k_dec(mm_args a, int tbx)
+template <int WK, int ACT, int CH, int NT>
+__global__ void __launch_bounds__(MM_MAX_WARPS * 32, NT == 1 ? DEC_BLOCKS : 1)
+    k_dec(mm_args a, int tbx)
 {
     typedef dec_sizes<WK, CH> Z;
     extern __shared__ uint4 dec_sh[];
@@ -714,6 +731,10 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, DEC_BLOCKS) k_dec(mm_args a
     uint64_t *bar = bars[warp];
     uint32_t *xs = reinterpret_cast<uint32_t *>(reinterpret_cast<uint8_t *>(dec_sh) + Z::bufs);
     const int NC = a.geo.NC, RT = (int)(c.W.R / 16);
+    /* a kernel launched after this one as a programmatic dependent may start now; this one
+     * waits for its predecessor here, or (pdl) only before it reads its input rows */
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    if (!c.pdl) asm volatile("griddepcontrol.wait;\n" ::: "memory");
     /* items: groups x blocks of 8 row tiles, item = g * tbx + tb; this block's contiguous share */
     const int groups = c.perm ? *c.n_groups : (int)((c.nslots + c.pack - 1) / c.pack);
     const int n_items = groups * tbx;
@@ -747,6 +768,7 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, DEC_BLOCKS) k_dec(mm_args a
             }
         }
     }
+    if (c.pdl) asm volatile("griddepcontrol.wait;\n" ::: "memory");
     stage_x<false>(a, cur.plist, cur.slot0, cur.count, xs);
     int slot = 0;
     uint32_t phases = 0; /* bit s: the phase buffer s waits for next */
@@ -758,10 +780,12 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, DEC_BLOCKS) k_dec(mm_args a
             if (live) {
                 mbar_wait(&bar[slot], phases >> slot & 1u);
                 phases ^= 1u << slot;
-                float p[4];
-                dec_chunk<WK, ACT, CH>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
+                float p[2][4];
+                dec_chunk<WK, ACT, CH, NT>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
 #pragma unroll
-                for (int e = 0; e < 4; e++) v[0][e] = ch == 0 ? p[e] : __fadd_rn(v[0][e], p[e]);
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) v[nt][e] = ch == 0 ? p[nt][e] : __fadd_rn(v[nt][e], p[nt][e]);
             }
             __syncwarp(); /* every lane is done with this buffer before it is refilled */
             /* refill this buffer with the chunk DEC_STAGES ahead */
@@ -782,8 +806,10 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, DEC_BLOCKS) k_dec(mm_args a
         }
         if (live) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) v[0][e] = __fmul_rn(v[0][e], 16384.0f); /* the codes' 2^-14 */
-            mm_epilogue(c, rt, cur.count, cur.plist, cur.slot0, lane, 1, v);
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) v[nt][e] = __fmul_rn(v[nt][e], 16384.0f); /* the codes' 2^-14 */
+            mm_epilogue(c, rt, cur.count, cur.plist, cur.slot0, lane, NT == 2 && cur.count > 8 ? 2 : 1, v);
         }
         if (it + 1 < it1) {
             const dec_pos nxt = dec_next(a, cur, tbx);
@@ -796,10 +822,10 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, DEC_BLOCKS) k_dec(mm_args a
     }
 }
 
-/* int32 words before the 8-byte aligned scan partials of k_group's shared memory. */
 /* k_group's slot-id array, padded past its end (to a multiple of 4 words, plus 4) so that the
  * compiler's wide loads of the last ids never reach into the counts that follow. */
 __host__ __device__ static inline int64_t group_sid_words(int64_t nslots) { return (nslots + 3) / 4 * 4 + 4; }
+/* int32 words before the 8-byte aligned scan partials of k_group's shared memory. */
 __host__ __device__ static inline int64_t group_off(int64_t nslots, int64_t E)
 {
     return (group_sid_words(nslots) + E + 1) / 2 * 2;
@@ -882,7 +908,10 @@ static cudaError_t set_smem_limit(void)
 template <int WK, int ACT, int CH>
 static cudaError_t set_dec_smem(void)
 {
-    return cudaFuncSetAttribute(k_dec<WK, ACT, CH>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX);
+    cudaError_t e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX);
+    return e;
 }
 
 td_status cu_mm_init(td_err *err)
@@ -943,7 +972,7 @@ static td_status launch(const mm_args &a, dim3 grid, cudaStream_t s, td_err *err
     return TD_OK;
 }
 
-template <int WK, int ACT, int CH>
+template <int WK, int ACT, int CH, int NT>
 static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
 {
     typedef dec_sizes<WK, CH> Z;
@@ -954,16 +983,27 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
     int dev = 0, sms = 0;
     TD_CU_TRY(err, cudaGetDevice(&dev));
     TD_CU_TRY(err, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    /* blocks per SM: what shared memory allows, at most DEC_BLOCKS */
+    /* blocks per SM: what shared memory allows, at most what the registers were built for */
+    const int cap = NT == 1 ? DEC_BLOCKS : 1;
     int bps = (int)((227 * 1024) / (smem + 1024));
-    if (bps > DEC_BLOCKS) bps = DEC_BLOCKS;
+    if (bps > cap) bps = cap;
     if (bps < 1) bps = 1;
     const int64_t tbx = (a.c.W.R / 16 + MM_MAX_WARPS - 1) / MM_MAX_WARPS;
     const int64_t items = a.c.max_groups * tbx;
     if (items > 0x7fffffff)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: %lld work items in one launch", (long long)items);
     const int64_t grid = items < (int64_t)sms * bps ? items : (int64_t)sms * bps;
-    k_dec<WK, ACT, CH><<<(unsigned)grid, MM_MAX_WARPS * 32, smem, s>>>(a, (int)tbx);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)grid);
+    cfg.blockDim = dim3(MM_MAX_WARPS * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at = {};
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &at;
+    cfg.numAttrs = a.c.pdl ? 1 : 0;
+    TD_CU_TRY(err, cudaLaunchKernelEx(&cfg, k_dec<WK, ACT, CH, NT>, a, (int)tbx));
     TD_CU_LAUNCHED(err, "k_dec");
     return TD_OK;
 }
@@ -972,6 +1012,19 @@ template <int WK, int ACT>
 static td_status launch_nt(const mm_args &a, int ntmax, dim3 grid, cudaStream_t s, td_err *err)
 {
     return ntmax == 1 ? launch<WK, ACT, 1>(a, grid, s, err) : launch<WK, ACT, 2>(a, grid, s, err);
+}
+
+template <int WK, int ACT>
+static td_status launch_dec_ch(const mm_args &a, bool c10, bool nt2, cudaStream_t s, td_err *err)
+{
+    if (c10) return nt2 ? launch_dec<WK, ACT, 10, 2>(a, s, err) : launch_dec<WK, ACT, 10, 1>(a, s, err);
+    return nt2 ? launch_dec<WK, ACT, 5, 2>(a, s, err) : launch_dec<WK, ACT, 5, 1>(a, s, err);
+}
+
+static td_status launch_dec_pick(const mm_args &a, int WK, int act, bool c10, bool nt2, cudaStream_t s, td_err *err)
+{
+    if (WK == 0) return act == 1 ? launch_dec_ch<0, 1>(a, c10, nt2, s, err) : launch_dec_ch<0, 2>(a, c10, nt2, s, err);
+    return act == 1 ? launch_dec_ch<1, 1>(a, c10, nt2, s, err) : launch_dec_ch<1, 2>(a, c10, nt2, s, err);
 }
 
 td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
@@ -1000,15 +1053,9 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     const int WK = c->W.kind == CU_W_NVFP4 ? (c->W.raw ? 1 : 0) : 2;
     const int64_t RT = c->W.R / 16;
     dim3 grid((unsigned)((RT + rpb - 1) / rpb), (unsigned)c->max_groups);
-    const bool dec = !c->generic && a.split && a.xrows <= 8 && WK < 2 && (a.geo.chunk == 10 || a.geo.chunk == 5) &&
+    const bool dec = !c->generic && a.xrows <= 16 && WK < 2 && (a.geo.chunk == 10 || a.geo.chunk == 5) &&
                      a.geo.KS == a.geo.NC * a.geo.chunk && !((uintptr_t)c->W.w & 15) && !((uintptr_t)c->W.s & 15);
-    if (dec) {
-        const bool c10 = a.geo.chunk == 10;
-        if (WK == 0 && c->act == 1) return c10 ? launch_dec<0, 1, 10>(a, s, err) : launch_dec<0, 1, 5>(a, s, err);
-        if (WK == 0) return c10 ? launch_dec<0, 2, 10>(a, s, err) : launch_dec<0, 2, 5>(a, s, err);
-        if (c->act == 1) return c10 ? launch_dec<1, 1, 10>(a, s, err) : launch_dec<1, 1, 5>(a, s, err);
-        return c10 ? launch_dec<1, 2, 10>(a, s, err) : launch_dec<1, 2, 5>(a, s, err);
-    }
+    if (dec) return launch_dec_pick(a, WK, c->act, a.geo.chunk == 10, a.xrows > 8, s, err);
     if (WK == 0) return c->act == 1 ? launch_nt<0, 1>(a, ntmax, grid, s, err) : launch_nt<0, 2>(a, ntmax, grid, s, err);
     if (WK == 1) return c->act == 1 ? launch_nt<1, 1>(a, ntmax, grid, s, err) : launch_nt<1, 2>(a, ntmax, grid, s, err);
     return c->act == 1 ? launch_nt<2, 1>(a, ntmax, grid, s, err) : launch_nt<2, 2>(a, ntmax, grid, s, err);

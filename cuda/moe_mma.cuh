@@ -47,11 +47,15 @@
  * - Epilogue: W13 h = act_dtype(fl32(silu(gate) x up)), silu in double rounded once; W2
  *   y = act_dtype(sum).
  *
- * Kernels: k_mm is the general kernel. Decode-sized calls of NVFP4 matrices (fewer than 256
- * slots, at most 8 per group, K cut in chunks of exactly 5 or 10 steps) run on k_dec, which
- * computes the same sums in the same order (so the same bits) with less work per weight: a
- * warp's loads for its whole chunk issued at once through 32-bit offsets, no per-step bounds,
- * one 8-token tile. `generic` keeps every call on k_mm, so the two can be compared.
+ * Kernels: k_mm is the general kernel. Calls of NVFP4 matrices whose groups hold at most 16
+ * slots and whose K cut has chunks of exactly 5 or 10 steps (the production shapes: K = 2560,
+ * 640 and the TP slices 160) run on k_dec, which computes the same sums in the same order (so
+ * the same bits): each warp computes whole row tiles (k_mm's unsplit order), streaming its
+ * chunks of weights and scales into shared memory through the bulk-copy engine, a ring of
+ * DEC_STAGES buffers per warp, while it computes the chunk before; blocks are persistent and
+ * take contiguous ranges of (group, 8 row tiles) items. With `pdl` a k_dec launch may start
+ * while the previous kernel runs (W2 loads its weights while W13 computes). `generic` keeps
+ * every call on k_mm, so the two can be compared.
  *
  * Groups: a group is one expert (matrix) and up to CU_MM_PACK slots. Direct dispatch: group g
  * is slot g alone. Grouped dispatch: cu_mm_group() sorts slots by expert (ascending expert,
@@ -136,6 +140,10 @@ typedef struct cu_mm_call {
     int64_t out_ld, out_n;
     int epi, act;
     int generic;                 /* 1: always k_mm (the decode kernel k_dec is never used) */
+    int pdl;                     /* 1: the decode kernel may start while the previous kernel on
+                                    the stream runs (programmatic dependent launch): the routes
+                                    and groups must come from earlier work, only in16 from that
+                                    kernel (k_mm ignores it) */
 } cu_mm_call;
 
 td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err);

@@ -462,8 +462,9 @@ static void cuda_vs_ref_wide(void **state)
     run_fixture("gpu_wide", &o);
 }
 
-/* The decode kernel (k_dec: decode-sized NVFP4 calls whose K cut has chunks of 10 or 5
- * steps) against the general kernel, bit for bit, and against the reference. The shape is
+/* The decode kernel (k_dec: NVFP4 calls with at most 16 slots per group whose K cut has
+ * chunks of 10 or 5 steps; one or two 8-token tiles) against the general kernel, bit for bit,
+ * and against the reference. The shape is
  * chosen so that every routed projection qualifies: hidden 640 (W13: 20 steps, 2 chunks of
  * 10), inter 320 (W2: 10 steps, 1 chunk; 160 per rank with tp_size=2: 5 steps), shared 160. */
 static void cuda_decode_kernel(void **state)
@@ -493,6 +494,9 @@ static void cuda_decode_kernel(void **state)
     for (int p = 0; p < 6; p++) seq[n++] = (exact_call){8, p, (uint64_t)(500 + p)};
     seq[n++] = (exact_call){32, -1, 532};
     seq[n++] = (exact_call){1, -1, 533};
+    seq[n++] = (exact_call){300, -1, 534}; /* grouped: packs of 16, two 8-token tiles */
+    seq[n++] = (exact_call){784, 5, 535};
+    compare(dir, "ref:scale=fp16,act_dtype=fp16", "cuda:act_dtype=fp16,moe_dispatch=grouped", 4e-3, 0, 784, -1, "dec");
     compare(dir, "ref:scale=fp16,act_dtype=bf16", "cuda:act_dtype=bf16,storage=raw", 3e-2, 0, 4, -1, "dec");
     compare(dir, "ref", "cuda:act_dtype=fp16,tp_size=2,tp_rank=all", 2e-3, 0, 16, -1, "dec");
     static const char *const vs[] = {
