@@ -41,6 +41,8 @@ audit)
     --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,storage=raw' \
     --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,graphs=on' \
     --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,moe_dispatch=grouped@exact' \
+    --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,kernels=generic' \
+    --pair 'cuda:act_dtype=bf16,storage=raw,cuda:act_dtype=bf16,storage=raw,kernels=generic' \
     --pair 'cuda:act_dtype=bf16,storage=raw,cuda:act_dtype=bf16,moe_dispatch=grouped,graphs=on@exact' \
     --db "$out/audit.db" --no-progress
   t audit_edge_prepared $B/tandem audit layer --model /tmp/edge --pair 'ref:scale=fp16,act_dtype=fp16,cuda:act_dtype=fp16' \

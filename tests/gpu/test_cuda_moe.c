@@ -29,7 +29,10 @@
  *   one block scale is NaN or negative; grouped dispatch refused with act_dtype=fp32;
  * - the decode kernel (k_dec) against the general kernel (kernels=generic), bit for bit, for
  *   fp16/bf16, prepared/raw, direct/grouped, graphs, TP slices, on a shape where every routed
- *   projection takes it, and against ref.
+ *   projection takes it, and against ref;
+ * - routing with 1,100 experts (three per thread of the routing kernel) against ref's top-k
+ *   ids, and a token whose logits are all NaN (experts 0..k-1, as ref; its neighbours
+ *   unaffected).
  * Without a CUDA device every test skips with a message.
  */
 #include "test_common.h"
@@ -516,6 +519,76 @@ static void cuda_decode_kernel(void **state)
     mf_free(&m);
 }
 
+/* The routing kernel beyond the production shape: more experts than its 512 threads (three
+ * per thread, a count that is no power of two) against ref's top-k ids; and a token whose
+ * logits are all NaN (a NaN input element), which takes the kernel's arg-best rounds: the
+ * reference ranks NaN last with lower index first, so that token's slots hold experts 0..k-1,
+ * and the other tokens are unaffected. */
+static void cuda_routing(void **state)
+{
+    (void)state;
+    mf_opts o;
+    mf_defaults(&o);
+    o.seed = 28;
+    o.hidden = 64;
+    o.experts = 1100;
+    o.top_k = 12;
+    o.inter = 32;
+    o.shared_inter = 32;
+    o.layers = 1;
+    mf_model m;
+    const char *dir = fixture("gpu_route", &o, &m);
+    if (no_gpu(dir)) {
+        mf_free(&m);
+        skip();
+    }
+    for (int64_t M = 1; M <= 65; M += 32) compare(dir, "ref:scale=fp16", "cuda:act_dtype=fp32", 1e-5, 0, M, -1, "route");
+    /* NaN token */
+    td_engine *er = load(dir, "ref:scale=fp16"), *ec = load(dir, "cuda:act_dtype=fp32");
+    const int64_t H = o.hidden, k = o.top_k, M = 3;
+    float *x = malloc((size_t)(M * H) * sizeof *x), *yr = malloc((size_t)(M * H) * sizeof *yr),
+          *yc = malloc((size_t)(M * H) * sizeof *yc);
+    assert_true(x && yr && yc);
+    td_rng rng;
+    td_rng_seed(&rng, 2801);
+    for (int64_t i = 0; i < M * H; i++) x[i] = 0.5f * td_rng_normal_f32(&rng);
+    x[H + 5] = NAN;
+    td_taps *tr = NULL, *tc = NULL;
+    td_err err;
+    static const char *const tp[] = {"L*.moe.topk"};
+    assert_int_equal(td_taps_new(tp, 1, &tr, &err), TD_OK);
+    assert_int_equal(td_taps_new(tp, 1, &tc, &err), TD_OK);
+    td_engine_set_taps(er, tr);
+    td_engine_set_taps(ec, tc);
+    td_block_call cr = {0, TD_BLOCK_MOE, M, x, yr, NULL, NULL};
+    td_block_call cc = cr;
+    cc.output = yc;
+    if (td_engine_run_block(er, &cr, &err)) fail_msg("ref: %s", err.msg);
+    if (td_engine_run_block(ec, &cc, &err)) fail_msg("cuda: %s", err.msg);
+    const td_tap *a = td_taps_find(tr, "L0.moe.topk"), *b = td_taps_find(tc, "L0.moe.topk");
+    assert_non_null(a);
+    assert_non_null(b);
+    const int32_t *ia = (const int32_t *)a->data, *ib = (const int32_t *)b->data;
+    for (int64_t j = 0; j < k; j++) {
+        assert_int_equal(ia[k + j], j); /* the NaN token: experts 0..k-1 */
+        assert_int_equal(ib[k + j], j);
+    }
+    assert_memory_equal(ia, ib, (size_t)(M * k) * sizeof(int32_t));
+    for (int64_t t = 0; t < M; t += 2) { /* tokens 0 and 2 */
+        const double r = rel_l2(yc + t * H, yr + t * H, (size_t)H);
+        print_message("  route      NaN token beside: token %lld rel_l2 %.3e\n", (long long)t, r);
+        assert_true(r <= 1e-5);
+    }
+    td_engine_free(er);
+    td_engine_free(ec);
+    td_taps_free(tr);
+    td_taps_free(tc);
+    free(x);
+    free(yr);
+    free(yc);
+    mf_free(&m);
+}
+
 static void cuda_rejects(void **state)
 {
     (void)state;
@@ -576,6 +649,7 @@ int main(void)
         cmocka_unit_test(cuda_raw_admission),
         cmocka_unit_test(cuda_sweep),
         cmocka_unit_test(cuda_decode_kernel),
+        cmocka_unit_test(cuda_routing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
