@@ -262,6 +262,22 @@ __device__ void route_select(const float p[ROUTE_PER], int E, int k, bool renorm
         weights[t * k + j] = renorm ? __fdiv_rn(out_v[j], sk_s) : out_v[j];
 }
 
+/* The best (under ranks_before) of this thread's experts tid + 512 j not in `taken` (bit j);
+ * bi = -1 when none is left. */
+__device__ __forceinline__ void own_best(const float p[ROUTE_PER], unsigned taken, int tid, int E, float &bv, int &bi)
+{
+    bi = -1;
+    bv = 0.0f;
+#pragma unroll
+    for (int j = 0; j < ROUTE_PER; j++) {
+        const int q = tid + j * ROUTE_THREADS;
+        if (q < E && !(taken >> j & 1u) && (bi < 0 || ranks_before(p[j], q, bv, bi))) {
+            bv = p[j];
+            bi = q;
+        }
+    }
+}
+
 /* One block of 512 threads per token; thread t owns experts t, t+512, ... (at most 8, kept in
  * registers). The max and the exponentials in parallel; their sum in a fixed order (thread t
  * adds its experts ascending, the lanes of a warp by a xor butterfly, then the 16 warp sums
@@ -350,14 +366,7 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, in
     unsigned taken = 0;
     float bv = 0.0f;
     int bi = -1;
-#pragma unroll
-    for (int j = 0; j < ROUTE_PER; j++) {
-        const int i = tid + j * ROUTE_THREADS;
-        if (i < E && (bi < 0 || ranks_before(p[j], i, bv, bi))) {
-            bv = p[j];
-            bi = i;
-        }
-    }
+    own_best(p, taken, tid, E, bv, bi);
     /* stage 1: this warp's list (lk = min(k, experts per warp) entries; -1 ends a short list) */
     for (int r = 0; r < lk; r++) {
         float v = bv;
@@ -369,15 +378,7 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, in
         }
         if (i >= 0 && i % ROUTE_THREADS == tid) {
             taken |= 1u << (i / ROUTE_THREADS);
-            bi = -1;
-#pragma unroll
-            for (int j = 0; j < ROUTE_PER; j++) {
-                const int q = tid + j * ROUTE_THREADS;
-                if (q < E && !(taken >> j & 1u) && (bi < 0 || ranks_before(p[j], q, bv, bi))) {
-                    bv = p[j];
-                    bi = q;
-                }
-            }
+            own_best(p, taken, tid, E, bv, bi);
         }
     }
     __syncthreads();

@@ -653,6 +653,41 @@ __device__ __forceinline__ void dec_issue(const uint8_t *gw, const uint8_t *gs, 
     }
 }
 
+/* A warp's issue cursor: the chunk it issues next (chunk ch of row tile rt of item it of the
+ * block's range [.., it1)), its sources, and the walk. */
+template <int WK, int CH> struct dec_stream {
+    dec_pos pos;
+    int it, it1, ch, rt;
+    const uint8_t *gw, *gs;
+
+    __device__ __forceinline__ void start(const mm_args &a, const dec_pos &p, int first, int last, int warp)
+    {
+        pos = p;
+        it = first;
+        it1 = last;
+        ch = 0;
+        rt = pos.tb * MM_MAX_WARPS + warp;
+        dec_src<WK, CH>(a, pos, rt, gw, gs);
+    }
+    __device__ __forceinline__ bool more(void) const { return it < it1; }
+    /* Issue the cursor's chunk into `buf` (nothing for a padding tile) and advance. */
+    __device__ __forceinline__ void issue(const mm_args &a, int tbx, int warp, int lane, uint8_t *buf, uint64_t *bar)
+    {
+        typedef dec_sizes<WK, CH> Z;
+        if (rt < (int)(a.c.W.R / 16)) dec_issue<WK, CH>(gw, gs, buf, bar, lane);
+        gw += Z::w;
+        gs += Z::s;
+        if (++ch == a.geo.NC) {
+            ch = 0;
+            if (++it < it1) {
+                pos = dec_next(a, pos, tbx);
+                rt = pos.tb * MM_MAX_WARPS + warp;
+                dec_src<WK, CH>(a, pos, rt, gw, gs);
+            }
+        }
+    }
+};
+
 /* Partial sums of one chunk (acc from +0) for NT 8-token tiles, from its buffer; B from the
  * staged rows, steps from step0 of the row. */
 template <int WK, int ACT, int CH, int NT>
@@ -751,23 +786,9 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, NT == 1 ? DEC_BLOCKS : 1)
     /* chunk k of this warp's stream lives in buffer k % DEC_STAGES; the issue cursor runs
      * DEC_STAGES chunks ahead of the computed one; a padding tile (rt >= RT) is neither issued
      * nor waited for */
-    dec_pos ipos = cur;
-    int iit = it0, ich = 0, irt = ipos.tb * MM_MAX_WARPS + warp;
-    const uint8_t *gw, *gs;
-    dec_src<WK, CH>(a, ipos, irt, gw, gs);
-    for (int st = 0; st < DEC_STAGES && iit < it1; st++) {
-        if (irt < RT) dec_issue<WK, CH>(gw, gs, ring + st * Z::chunk, &bar[st], lane);
-        gw += Z::w;
-        gs += Z::s;
-        if (++ich == NC) {
-            ich = 0;
-            if (++iit < it1) {
-                ipos = dec_next(a, ipos, tbx);
-                irt = ipos.tb * MM_MAX_WARPS + warp;
-                dec_src<WK, CH>(a, ipos, irt, gw, gs);
-            }
-        }
-    }
+    dec_stream<WK, CH> is;
+    is.start(a, cur, it0, it1, warp);
+    for (int st = 0; st < DEC_STAGES && is.more(); st++) is.issue(a, tbx, warp, lane, ring + st * Z::chunk, &bar[st]);
     if (c.pdl) asm volatile("griddepcontrol.wait;\n" ::: "memory");
     stage_x<false>(a, cur.plist, cur.slot0, cur.count, xs);
     int slot = 0;
@@ -789,19 +810,7 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, NT == 1 ? DEC_BLOCKS : 1)
             }
             __syncwarp(); /* every lane is done with this buffer before it is refilled */
             /* refill this buffer with the chunk DEC_STAGES ahead */
-            if (iit < it1) {
-                if (irt < RT) dec_issue<WK, CH>(gw, gs, ring + slot * Z::chunk, &bar[slot], lane);
-                gw += Z::w;
-                gs += Z::s;
-                if (++ich == NC) {
-                    ich = 0;
-                    if (++iit < it1) {
-                        ipos = dec_next(a, ipos, tbx);
-                        irt = ipos.tb * MM_MAX_WARPS + warp;
-                        dec_src<WK, CH>(a, ipos, irt, gw, gs);
-                    }
-                }
-            }
+            if (is.more()) is.issue(a, tbx, warp, lane, ring + slot * Z::chunk, &bar[slot]);
             slot = slot + 1 == DEC_STAGES ? 0 : slot + 1;
         }
         if (live) {

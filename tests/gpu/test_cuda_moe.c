@@ -81,6 +81,31 @@ static const char *fixture(const char *name, const mf_opts *o, mf_model *m)
 }
 
 /* Output buffer [n] with GUARD canaries before and after, the n elements poisoned with NaN. */
+/* Defaults with the given shape and seed (one layer). */
+static void shape(mf_opts *o, uint64_t seed, int64_t hidden, int64_t experts, int64_t top_k, int64_t inter,
+                  int64_t shared)
+{
+    mf_defaults(o);
+    o->seed = seed;
+    o->hidden = hidden;
+    o->experts = experts;
+    o->top_k = top_k;
+    o->inter = inter;
+    o->shared_inter = shared;
+    o->layers = 1;
+}
+
+/* Write fixture `name`; without a GPU, free the model and skip the test. */
+static const char *fixture_or_skip(const char *name, const mf_opts *o, mf_model *m)
+{
+    const char *dir = fixture(name, o, m);
+    if (no_gpu(dir)) {
+        mf_free(m);
+        skip();
+    }
+    return dir;
+}
+
 static float *guarded(size_t n)
 {
     float *b = malloc((n + 2 * GUARD) * sizeof *b);
@@ -300,11 +325,7 @@ static const exact_pair exact_pairs[] = {
 static void run_fixture(const char *name, const mf_opts *o)
 {
     mf_model m;
-    const char *dir = fixture(name, o, &m);
-    if (no_gpu(dir)) {
-        mf_free(&m);
-        skip();
-    }
+    const char *dir = fixture_or_skip(name, o, &m);
     static const int64_t Ms[] = {1, 4, 16, 300};
     for (size_t pi = 0; pi < TD_ARRAY_LEN(pairs); pi++)
         for (size_t mi = 0; mi < TD_ARRAY_LEN(Ms); mi++)
@@ -323,20 +344,9 @@ static void cuda_sweep(void **state)
 {
     (void)state;
     mf_opts o;
-    mf_defaults(&o);
-    o.seed = 25;
-    o.hidden = 512;
-    o.experts = 64;
-    o.top_k = 8;
-    o.inter = 128;
-    o.shared_inter = 256;
-    o.layers = 1;
+    shape(&o, 25, 512, 64, 8, 128, 256);
     mf_model m;
-    const char *dir = fixture("gpu_sweep", &o, &m);
-    if (no_gpu(dir)) {
-        mf_free(&m);
-        skip();
-    }
+    const char *dir = fixture_or_skip("gpu_sweep", &o, &m);
     const char *rv = "ref:scale=fp16,act_dtype=fp16", *cv = "cuda:act_dtype=fp16,moe_dispatch=grouped";
     exact_call seq[64];
     size_t n = 0;
@@ -454,14 +464,7 @@ static void cuda_vs_ref_wide(void **state)
 {
     (void)state;
     mf_opts o;
-    mf_defaults(&o);
-    o.seed = 24;
-    o.hidden = 1024;
-    o.experts = 64;
-    o.top_k = 8;
-    o.inter = 256;
-    o.shared_inter = 512;
-    o.layers = 1;
+    shape(&o, 24, 1024, 64, 8, 256, 512);
     run_fixture("gpu_wide", &o);
 }
 
@@ -474,20 +477,9 @@ static void cuda_decode_kernel(void **state)
 {
     (void)state;
     mf_opts o;
-    mf_defaults(&o);
-    o.seed = 27;
-    o.hidden = 640;
-    o.experts = 32;
-    o.top_k = 6;
-    o.inter = 320;
-    o.shared_inter = 160;
-    o.layers = 1;
+    shape(&o, 27, 640, 32, 6, 320, 160);
     mf_model m;
-    const char *dir = fixture("gpu_dec", &o, &m);
-    if (no_gpu(dir)) {
-        mf_free(&m);
-        skip();
-    }
+    const char *dir = fixture_or_skip("gpu_dec", &o, &m);
     exact_call seq[40];
     size_t n = 0;
     for (int64_t M = 1; M <= 17; M++) {
@@ -528,20 +520,9 @@ static void cuda_routing(void **state)
 {
     (void)state;
     mf_opts o;
-    mf_defaults(&o);
-    o.seed = 28;
-    o.hidden = 64;
-    o.experts = 1100;
-    o.top_k = 12;
-    o.inter = 32;
-    o.shared_inter = 32;
-    o.layers = 1;
+    shape(&o, 28, 64, 1100, 12, 32, 32);
     mf_model m;
-    const char *dir = fixture("gpu_route", &o, &m);
-    if (no_gpu(dir)) {
-        mf_free(&m);
-        skip();
-    }
+    const char *dir = fixture_or_skip("gpu_route", &o, &m);
     for (int64_t M = 1; M <= 65; M += 32) compare(dir, "ref:scale=fp16", "cuda:act_dtype=fp32", 1e-5, 0, M, -1, "route");
     /* NaN token */
     td_engine *er = load(dir, "ref:scale=fp16"), *ec = load(dir, "cuda:act_dtype=fp32");
