@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 int cli_int_list(const char *s, int64_t lo, int64_t hi, int64_t **out, size_t *n)
 {
@@ -76,4 +77,13 @@ const char *cli_value(int argc, char **argv, int *i, const char *cmd)
         return NULL;
     }
     return argv[++*i];
+}
+
+void cli_error(const char *cmd, const char *msg)
+{
+    const char *word = strrchr(cmd, ' ');
+    word = word ? word + 1 : cmd;
+    const size_t n = strlen(word);
+    if (n && !strncmp(msg, word, n) && msg[n] == ':' && msg[n + 1] == ' ') msg += n + 2;
+    fprintf(stderr, "tandem %s: %s\n", cmd, msg);
 }

@@ -12,6 +12,9 @@
  * - cli_value() takes the value of option argv[*i]: returns argv[*i + 1] and advances *i, or,
  *   when the option is the last argument, prints "tandem CMD: OPTION needs a value (see
  *   --help)" to stderr and returns NULL.
+ * - cli_error() prints "tandem CMD: MSG" to stderr for a library error message; a MSG that
+ *   already starts with "WORD: " where WORD is CMD's last word (the library's own module
+ *   prefix, e.g. "gen: ...") is printed without it, so no prefix appears twice.
  */
 #ifndef TD_CLI_ARGS_H
 #define TD_CLI_ARGS_H
@@ -24,5 +27,6 @@
 int cli_int_list(const char *s, int64_t lo, int64_t hi, int64_t **out, size_t *n);
 int cli_size(const char *s, int64_t *out);
 const char *cli_value(int argc, char **argv, int *i, const char *cmd);
+void cli_error(const char *cmd, const char *msg);
 
 #endif /* TD_CLI_ARGS_H */

@@ -254,7 +254,7 @@ static int cmd_audit_e4m3(int argc, char **argv)
     if (st) goto fail;
     goto cleanup;
 fail:
-    fprintf(stderr, "tandem audit e4m3: %s\n", err.msg);
+    cli_error("audit e4m3", err.msg);
     rc = 2;
     if (sc.db) {
         td_err e2;

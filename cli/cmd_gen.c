@@ -93,7 +93,7 @@ static int list_presets(void)
         td_gen_plan p;
         td_err err;
         if (td_gen_plan_build(&o, &p, &err)) {
-            fprintf(stderr, "tandem gen: %s\n", err.msg);
+            cli_error("gen", err.msg);
             return 2;
         }
         printf("%-22s %8zu %8lld %7zu %12lld  (%.1f MiB)\n", o.preset, p.n_tensors,
@@ -188,14 +188,14 @@ int cmd_gen(int argc, char **argv)
     td_err err;
     td_err_clear(&err);
     if (td_gen_plan_build(&o, &plan, &err)) {
-        fprintf(stderr, "tandem gen: %s\n", err.msg);
+        cli_error("gen", err.msg);
         return 2;
     }
     td_gen_result res;
     memset(&res, 0, sizeof res);
     td_status st = td_gen_write(&plan, &o, out, &res, &err);
     if (st) {
-        fprintf(stderr, "tandem gen: %s\n", err.msg);
+        cli_error("gen", err.msg);
         td_gen_plan_free(&plan);
         return 2;
     }

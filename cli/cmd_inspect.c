@@ -1,4 +1,5 @@
 /* cmd_inspect.c — `tandem inspect`: describe a checkpoint and report inconsistencies. */
+#include "args.h"
 #include "cli.h"
 #include "inspect.h"
 
@@ -64,7 +65,7 @@ int cmd_inspect(int argc, char **argv)
     td_err_clear(&err);
     td_status st = td_inspect(model, progress, &rep, &err);
     if (st) {
-        fprintf(stderr, "tandem inspect: %s\n", err.msg);
+        cli_error("inspect", err.msg);
         return 2;
     }
     if (json) {

@@ -82,7 +82,7 @@ int cmd_quantize(int argc, char **argv)
             if (!(val = cli_value(argc, argv, &i, "quantize"))) return 2;
             td_err err;
             if (td_quantize_format_from_name(val, &o.conv, &err)) {
-                fprintf(stderr, "tandem quantize: %s\n", err.msg);
+                cli_error("quantize", err.msg);
                 return 2;
             }
         } else if (!strcmp(a, "--only") || !strcmp(a, "--exclude")) {
@@ -126,7 +126,7 @@ int cmd_quantize(int argc, char **argv)
     td_err err;
     td_err_clear(&err);
     if (td_quantize(&o, &r, &err)) {
-        fprintf(stderr, "tandem quantize: %s\n", err.msg);
+        cli_error("quantize", err.msg);
         return 2;
     }
     double mbs = r.seconds > 0 ? (double)r.bytes_in / 1e6 / r.seconds : 0.0;

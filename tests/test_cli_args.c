@@ -3,6 +3,8 @@
 #include "test_common.h"
 #include "cli/args.c"
 
+#include <unistd.h>
+
 static void int_list_parses_lists_and_ranges(void **state)
 {
     (void)state;
@@ -80,6 +82,38 @@ static void value_takes_the_next_argument_or_fails(void **state)
     assert_int_equal(i, 3);
 }
 
+/* cli_error writes to stderr: capture it through a temporary file. */
+static char *error_text(const char *cmd, const char *msg)
+{
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    assert_non_null(tmp);
+    const int saved = dup(fileno(stderr));
+    assert_true(saved >= 0);
+    assert_true(dup2(fileno(tmp), fileno(stderr)) >= 0);
+    cli_error(cmd, msg);
+    fflush(stderr);
+    assert_true(dup2(saved, fileno(stderr)) >= 0);
+    close(saved);
+    static char buf[256];
+    rewind(tmp);
+    const size_t n = fread(buf, 1, sizeof buf - 1, tmp);
+    buf[n] = 0;
+    fclose(tmp);
+    return buf;
+}
+
+static void error_drops_a_repeated_prefix(void **state)
+{
+    (void)state;
+    assert_string_equal(error_text("gen", "gen: unknown preset 'x'"), "tandem gen: unknown preset 'x'\n");
+    assert_string_equal(error_text("gen", "bad seed"), "tandem gen: bad seed\n");
+    assert_string_equal(error_text("audit e4m3", "e4m3: no tensors"), "tandem audit e4m3: no tensors\n");
+    /* only a whole word followed by ": " is a prefix */
+    assert_string_equal(error_text("gen", "generator: x"), "tandem gen: generator: x\n");
+    assert_string_equal(error_text("gen", "gen:x"), "tandem gen: gen:x\n");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -87,6 +121,7 @@ int main(void)
         cmocka_unit_test(int_list_rejects_bad_input_without_touching_out),
         cmocka_unit_test(size_parses_binary_multiples),
         cmocka_unit_test(value_takes_the_next_argument_or_fails),
+        cmocka_unit_test(error_drops_a_repeated_prefix),
     };
     return cmocka_run_group_tests_name("cli_args", tests, NULL, NULL);
 }
