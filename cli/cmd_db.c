@@ -804,10 +804,13 @@ static void print_stats(const opts *o, const char *verb, const char *src, const 
     putchar('\n');
 }
 
-static int db_import(opts *o)
+/* import and merge: one source argument, transferred into the store by `transfer`. */
+typedef td_status (*transfer_fn)(td_db *db, const char *src, td_db_transfer_stats *st, td_err *err);
+
+static int db_transfer(opts *o, const char *what, const char *verb, transfer_fn transfer)
 {
     if (o->n_pos != 1) {
-        errf(o->sub, "expected one FILE.json (see 'tandem db import --help')");
+        errf(o->sub, "expected one %s (see 'tandem db %s --help')", what, o->sub);
         return 2;
     }
     td_db *db;
@@ -815,28 +818,15 @@ static int db_import(opts *o)
     if (rc) return rc;
     td_db_transfer_stats st;
     td_err err;
-    if (td_db_import_json(db, o->pos[0], &st, &err) != TD_OK) return fail(o, db, &err);
-    print_stats(o, "imported", o->pos[0], &st);
+    if (transfer(db, o->pos[0], &st, &err) != TD_OK) return fail(o, db, &err);
+    print_stats(o, verb, o->pos[0], &st);
     td_db_close(db);
     return 0;
 }
 
-static int db_merge(opts *o)
-{
-    if (o->n_pos != 1) {
-        errf(o->sub, "expected one OTHER.db (see 'tandem db merge --help')");
-        return 2;
-    }
-    td_db *db;
-    int rc = open_store(o, true, &db);
-    if (rc) return rc;
-    td_db_transfer_stats st;
-    td_err err;
-    if (td_db_merge(db, o->pos[0], &st, &err) != TD_OK) return fail(o, db, &err);
-    print_stats(o, "merged", o->pos[0], &st);
-    td_db_close(db);
-    return 0;
-}
+static int db_import(opts *o) { return db_transfer(o, "FILE.json", "imported", td_db_import_json); }
+
+static int db_merge(opts *o) { return db_transfer(o, "OTHER.db", "merged", td_db_merge); }
 
 /* ---- info ---- */
 
