@@ -392,6 +392,12 @@ static td_status add_compare(audit *A, const char *kind, int pair, const char *l
     return TD_OK;
 }
 
+/* The output tap suffix of the audited block. */
+static const char *block_out(td_block b)
+{
+    return b == TD_BLOCK_ATTN ? "attn.out" : b == TD_BLOCK_GDN ? "gdn.out" : "moe.out";
+}
+
 /* Block output and every tap captured by both runs. */
 static td_status compare_runs(audit *A, const char *kind, int pair, const char *la, const char *lb, const slot *sa,
                               int ra, const slot *sb, int rb, int64_t layer, int64_t M, td_expect expect, double bound,
@@ -399,7 +405,7 @@ static td_status compare_runs(audit *A, const char *kind, int pair, const char *
 {
     const td_dtype dt = compare_dtype(&sa->v, &sb->v);
     char out_name[TD_TAP_NAME_MAX];
-    td_tap_name(out_name, sizeof out_name, layer, "moe.out");
+    td_tap_name(out_name, sizeof out_name, layer, block_out(A->o->block));
     const int64_t n = M * A->model.hidden;
     td_status st = add_compare(A, kind, pair, la, lb, out_name, dt, false, sa->out[ra], sb->out[rb], n, n, expect,
                                bound, err);
@@ -522,12 +528,14 @@ static td_status do_row(audit *A, int64_t layer, int64_t rank, int64_t M, double
     if (layer >= m->layers)
         return td_err_set(err, TD_ERR_RANGE, "layer %lld: the checkpoint has %lld layers", (long long)layer,
                           (long long)m->layers);
-    if (m->num_experts < 1) return td_err_set(err, TD_ERR_UNSUPPORTED, "%s: the model has no MoE experts", o->model);
-    const int64_t H = m->hidden, k = m->top_k;
+    const bool moe = o->block == TD_BLOCK_MOE;
+    if (moe && m->num_experts < 1)
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "%s: the model has no MoE experts", o->model);
+    const int64_t H = m->hidden, k = moe ? m->top_k : 1;
     if (!reserve((void **)&A->x, &A->cap_x, (size_t)(M * H), sizeof(float)) ||
         !reserve((void **)&A->ids, &A->cap_r, (size_t)(M * k), sizeof(int32_t)) ||
         !reserve((void **)&A->weights, &A->cap_w, (size_t)(M * k), sizeof(float)) ||
-        !reserve((void **)&A->scores, &A->cap_s, (size_t)m->num_experts, sizeof(float)))
+        !reserve((void **)&A->scores, &A->cap_s, (size_t)(moe ? m->num_experts : 1), sizeof(float)))
         return td_err_set(err, TD_ERR_NOMEM, "audit layer: out of memory (%lld tokens)", (long long)M);
     td_rng rr;
     row_rng(o->seed, layer, rank, M, scale, &rr);
@@ -537,7 +545,7 @@ static td_status do_row(audit *A, int64_t layer, int64_t rank, int64_t M, double
     td_block_call call;
     memset(&call, 0, sizeof call);
     call.layer = layer;
-    call.block = TD_BLOCK_MOE;
+    call.block = o->block;
     call.n_tokens = M;
     call.input = A->x;
     if (route != TD_ROUTE_ROUTER) {
@@ -556,7 +564,7 @@ static td_status do_row(audit *A, int64_t layer, int64_t rank, int64_t M, double
             snprintf(c->kind, sizeof c->kind, "reject");
             snprintf(c->a, sizeof c->a, "%s", s->label);
             snprintf(c->b, sizeof c->b, "%s", s->label);
-            td_tap_name(c->tap, sizeof c->tap, layer, "moe.out");
+            td_tap_name(c->tap, sizeof c->tap, layer, block_out(o->block));
             c->expect = TD_EXPECT_EXACT;
             td_metrics_f32(NULL, NULL, 0, TD_F32, &c->m);
             c->judged = true;
@@ -646,6 +654,13 @@ td_status td_layer_audit_run(const td_layer_audit_opts *o, const td_layer_sink *
     for (size_t i = 0; i < o->n_scales; i++)
         if (!isfinite(o->scales[i]) || o->scales[i] < 0.0)
             return td_err_set(err, TD_ERR_ARG, "audit layer: scale %g (expected a finite value >= 0)", o->scales[i]);
+    if (o->block != TD_BLOCK_MOE && o->block != TD_BLOCK_ATTN && o->block != TD_BLOCK_GDN)
+        return td_err_set(err, TD_ERR_ARG, "audit layer: block '%s' (expected moe, attn or gdn)",
+                          td_block_name(o->block) ? td_block_name(o->block) : "?");
+    for (size_t i = 0; i < o->n_routes && o->block != TD_BLOCK_MOE; i++)
+        if (o->routes[i] != TD_ROUTE_ROUTER)
+            return td_err_set(err, TD_ERR_ARG, "audit layer: route '%s' applies to the moe block only (block %s)",
+                              td_route_kind_name(o->routes[i]), td_block_name(o->block));
     if (!(o->outlier_frac >= 0.0 && o->outlier_frac <= 1.0) || !isfinite(o->outlier_mag))
         return td_err_set(err, TD_ERR_ARG, "audit layer: outlier fraction must be in [0, 1], magnitude finite");
     audit A;

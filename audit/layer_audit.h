@@ -1,4 +1,5 @@
-/* layer_audit.h — the per-layer MoE audit (`tandem audit layer`, SEED_AUDITS.md §1).
+/* layer_audit.h — the per-layer MoE audit (`tandem audit layer`, SEED_AUDITS.md §1), and the
+ * same audit of a layer's token mixer (block attn or gdn).
  *
  * For every (layer, rank, tokens, scale, route) of the requested grid, the audit builds
  * synthetic activations, runs every distinct engine variant of the requested pairs on them
@@ -25,7 +26,11 @@
  * not set tp_rank gets the row's rank. Equal variants (after that and threads=auto resolved)
  * run once per row, plus their repeat, whichever pairs they appear in.
  * Checks of a row (each judged, td_metrics):
- * - "pair":   a vs b of each pair, on the block output `L{l}.moe.out` and on every requested
+ * Blocks: moe (default), or the token mixer attn (full_attention layers) or gdn
+ * (linear_attention layers), each from a fresh state (core/engine.h); a layer of the other
+ * type is an engine error naming it. Routes apply to moe only (attn/gdn: `router` alone).
+ * - "pair":   a vs b of each pair, on the block output `L{l}.moe.out` (`L{l}.attn.out`,
+ *             `L{l}.gdn.out`) and on every requested
  *             tap both sides captured with the same size; expectation of the pair.
  * - "repeat": each distinct variant against its own second run; expectation exact.
  * - "reject": (route invalid) each distinct variant must fail with TD_ERR_RANGE.
@@ -108,6 +113,7 @@ typedef struct td_layer_audit_opts {
     const char *const *taps;       /* [n_taps] tap suffixes or globs ("moe.router_logits", "moe.*") */
     size_t n_taps;
     bool progress;                 /* progress bar on stderr (when it is a terminal) */
+    td_block block;                /* TD_BLOCK_MOE (default), TD_BLOCK_ATTN or TD_BLOCK_GDN */
 } td_layer_audit_opts;
 
 /* Defaults: tp 4, seed 20260905 (the seed audit's), outlier_mag 100, everything else empty. */

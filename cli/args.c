@@ -83,7 +83,13 @@ void cli_error(const char *cmd, const char *msg)
 {
     const char *word = strrchr(cmd, ' ');
     word = word ? word + 1 : cmd;
-    const size_t n = strlen(word);
-    if (n && !strncmp(msg, word, n) && msg[n] == ':' && msg[n + 1] == ' ') msg += n + 2;
+    const char *const prefixes[2] = {cmd, word};
+    for (int p = 0; p < 2; p++) {
+        const size_t n = strlen(prefixes[p]);
+        if (n && !strncmp(msg, prefixes[p], n) && msg[n] == ':' && msg[n + 1] == ' ') {
+            msg += n + 2;
+            break;
+        }
+    }
     fprintf(stderr, "tandem %s: %s\n", cmd, msg);
 }

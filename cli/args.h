@@ -13,8 +13,9 @@
  *   when the option is the last argument, prints "tandem CMD: OPTION needs a value (see
  *   --help)" to stderr and returns NULL.
  * - cli_error() prints "tandem CMD: MSG" to stderr for a library error message; a MSG that
- *   already starts with "WORD: " where WORD is CMD's last word (the library's own module
- *   prefix, e.g. "gen: ...") is printed without it, so no prefix appears twice.
+ *   already starts with "CMD: " or "WORD: ", WORD being CMD's last word (the library's own
+ *   module prefix, e.g. "gen: ..." or "audit layer: ..."), is printed without it, so no
+ *   prefix appears twice.
  */
 #ifndef TD_CLI_ARGS_H
 #define TD_CLI_ARGS_H

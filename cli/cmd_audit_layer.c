@@ -21,7 +21,8 @@ static void usage(FILE *f)
             "                          [--tokens LIST] [--pair A,B[@exact|@bounded[=X]]]...\n"
             "                          [--scales LIST] [--routes LIST] [--seed N]\n"
             "                          [--outliers FRAC[:MAG]] [--taps LIST] [--threads N]\n"
-            "                          [--out FILE] [--json] [--db PATH | --no-db] [--no-progress]\n"
+            "                          [--block moe|attn|gdn] [--out FILE] [--json]\n"
+            "                          [--db PATH | --no-db] [--no-progress]\n"
             "\n"
             "The single-layer MoE audit: for every layer x TP rank x token count x activation scale x\n"
             "route pattern, build seeded synthetic activations, run both engine variants of every pair\n"
@@ -33,6 +34,9 @@ static void usage(FILE *f)
             "\n"
             "options:\n"
             "  --model DIR         checkpoint directory (config.json + safetensors)\n"
+            "  --block B           the block audited: moe (default), or the layer's token mixer,\n"
+            "                      attn (full_attention layers) or gdn (linear_attention layers),\n"
+            "                      each from a fresh state; routes apply to moe only\n"
             "  --layers LIST       layers, e.g. 0,23,47 or 0-3 (default 0)\n"
             "  --ranks LIST        emulated TP ranks (default 0); each below --tp\n"
             "  --tp N              emulated tensor-parallel size of the rows (default 4, as the seed);\n"
@@ -285,7 +289,7 @@ int cmd_audit_layer(int argc, char **argv)
         }
         static const char *const with_value[] = {"--model", "--layers", "--ranks", "--tp", "--tokens", "--pair",
                                                  "--scales", "--routes", "--seed", "--outliers", "--taps",
-                                                 "--threads", "--out", "--db"};
+                                                 "--threads", "--out", "--db", "--block"};
         char name[32];
         snprintf(name, sizeof name, "%s", a);
         const char *eq = strchr(a, '=');
@@ -352,6 +356,14 @@ int cmd_audit_layer(int argc, char **argv)
             if (parse_taps(val, &taps, &n_taps)) goto out;
         } else if (!strcmp(name, "--threads")) {
             if (parse_long(name, val, 1, TD_ENGINE_MAX_THREADS, &threads)) goto out;
+        } else if (!strcmp(name, "--block")) {
+            if (!strcmp(val, "moe")) o.block = TD_BLOCK_MOE;
+            else if (!strcmp(val, "attn")) o.block = TD_BLOCK_ATTN;
+            else if (!strcmp(val, "gdn")) o.block = TD_BLOCK_GDN;
+            else {
+                fprintf(stderr, PREFIX "--block '%s': expected moe, attn or gdn\n", val);
+                goto out;
+            }
         } else if (!strcmp(name, "--out")) out_path = val;
         else if (!strcmp(name, "--db")) db_path = val;
         else if (!strcmp(name, "--json")) json = true;
@@ -467,7 +479,7 @@ int cmd_audit_layer(int argc, char **argv)
             st = td_db_run_begin(sc.db, &info, &sc.run, &err);
         }
         if (st) {
-            fprintf(stderr, PREFIX "%s\n", err.msg);
+            cli_error("audit layer", err.msg);
             goto out;
         }
     }
@@ -476,7 +488,7 @@ int cmd_audit_layer(int argc, char **argv)
     td_layer_summary sum;
     st = td_layer_audit_run(&o, &sink, &sum, &err);
     if (st) {
-        fprintf(stderr, PREFIX "%s\n", err.msg);
+        cli_error("audit layer", err.msg);
         if (sc.db) {
             td_err e2;
             (void)td_db_run_end(sc.db, sc.run, TD_DB_RUN_FAILED, 2, err.msg, &e2);
@@ -487,7 +499,7 @@ int cmd_audit_layer(int argc, char **argv)
     if (out_path) {
         st = write_json_file(out_path, rows_json, &err);
         if (st) {
-            fprintf(stderr, PREFIX "%s\n", err.msg);
+            cli_error("audit layer", err.msg);
             rc = 2;
         }
     }
@@ -512,7 +524,7 @@ int cmd_audit_layer(int argc, char **argv)
         const char *msg = rc == 1 ? "an expectation failed" : rc == 2 ? "could not write --out" : NULL;
         st = td_db_run_end(sc.db, sc.run, rc == 2 ? TD_DB_RUN_FAILED : TD_DB_RUN_OK, rc, msg, &err);
         if (st) {
-            fprintf(stderr, PREFIX "%s\n", err.msg);
+            cli_error("audit layer", err.msg);
             rc = 2;
         } else if (!json) {
             printf("results store: %s, run %lld\n", td_db_path(sc.db), (long long)sc.run);

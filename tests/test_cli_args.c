@@ -109,6 +109,7 @@ static void error_drops_a_repeated_prefix(void **state)
     assert_string_equal(error_text("gen", "gen: unknown preset 'x'"), "tandem gen: unknown preset 'x'\n");
     assert_string_equal(error_text("gen", "bad seed"), "tandem gen: bad seed\n");
     assert_string_equal(error_text("audit e4m3", "e4m3: no tensors"), "tandem audit e4m3: no tensors\n");
+    assert_string_equal(error_text("audit layer", "audit layer: tp 0"), "tandem audit layer: tp 0\n");
     /* only a whole word followed by ": " is a prefix */
     assert_string_equal(error_text("gen", "generator: x"), "tandem gen: generator: x\n");
     assert_string_equal(error_text("gen", "gen:x"), "tandem gen: gen:x\n");

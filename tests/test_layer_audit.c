@@ -16,6 +16,10 @@
  *   exact expectation and `ref:accum=fp64,ref:fault=X` fails its bounded one, on the block
  *   output, while `ref,ref:accum=fp64` passes and the repeats stay exact;
  * - db rows: one layer_cmp row per check with the documented keys and verdicts;
+ * - the token-mixer blocks (--block gdn / attn) on a qwen3_next checkpoint: pairs on
+ *   `L{l}.gdn.out` / `L{l}.attn.out` judged (fp16 bounded, threads exact, TP reduction
+ *   bounded), repeats exact; a block of the other layer type fails naming the layer; a route
+ *   other than `router`, or a block other than moe/attn/gdn, is TD_ERR_ARG;
  * - the CLI front end: --help, usage errors (exit 2 with a message naming the option),
  *   a passing run (exit 0) whose --out file validates, a planted-bug pair (exit 1), an
  *   unbuilt engine (exit 2), --json output; and, when the `tandem` binary dispatches
@@ -23,6 +27,7 @@
  */
 #include "test_common.h"
 #include "moe_fixture.h"
+#include "gen_fixture.h"
 #include "audit/layer_audit.h"
 #include "db/db.h"
 
@@ -495,6 +500,81 @@ static void db_rows(void **state)
 
 /* ---- the CLI ----------------------------------------------------------------------------------- */
 
+/* One audit of block `b` on the qwen3_next checkpoint `dir`; returns the status (summary in *sum). */
+static td_status mixer_audit(const char *dir, td_block b, const int64_t *layers, size_t nl, td_route_kind route,
+                             const td_layer_pair *pairs, size_t np, td_layer_summary *sum, td_err *err)
+{
+    static const int64_t ranks[] = {0}, tokens[] = {1, 5};
+    static const double scales[] = {0.5};
+    td_layer_audit_opts o;
+    td_layer_audit_opts_init(&o);
+    o.model = dir;
+    o.block = b;
+    o.tp = 2;
+    o.layers = layers;
+    o.n_layers = nl;
+    o.ranks = ranks;
+    o.n_ranks = 1;
+    o.tokens = tokens;
+    o.n_tokens = 2;
+    o.scales = scales;
+    o.n_scales = 1;
+    o.routes = &route;
+    o.n_routes = 1;
+    o.pairs = pairs;
+    o.n_pairs = np;
+    collect c = {0};
+    td_layer_sink sink = {&c, collect_row};
+    return td_layer_audit_run(&o, &sink, sum, err);
+}
+
+static void mixer_blocks(void **state)
+{
+    (void)state;
+    char dir[768];
+    td_test_gen("qwen3-next-tiny", 5, false, 8, "la_q3n", dir, sizeof dir);
+    grid g;
+    grid_default(&g);
+    add_pair(&g, "ref,ref:act_dtype=fp16");
+    add_pair(&g, "ref:threads=1,ref:threads=2");
+    add_pair(&g, "ref:tp_size=1,ref:tp_size=2,tp_rank=all");
+    static const int64_t gdn_layers[] = {0, 1}, attn_layers[] = {3, 7};
+    const struct {
+        td_block b;
+        const int64_t *layers;
+        const char *tap;
+    } cases[] = {{TD_BLOCK_GDN, gdn_layers, "gdn.out"}, {TD_BLOCK_ATTN, attn_layers, "attn.out"}};
+    for (size_t i = 0; i < 2; i++) {
+        td_layer_summary sum;
+        td_err err;
+        if (mixer_audit(dir, cases[i].b, cases[i].layers, 2, TD_ROUTE_ROUTER, g.pairs, g.np, &sum, &err))
+            fail_msg("%s: %s", cases[i].tap, err.msg);
+        assert_int_equal(sum.rows, 4);
+        assert_int_equal(sum.checks, 4 * (3 + 5)); /* 3 pairs + 5 distinct variants' repeats */
+        assert_int_equal(sum.failed, 0);
+        assert_int_equal(sum.passed, sum.checks);
+        for (size_t j = 0; j < sum.n_groups; j++) {
+            const td_layer_group *gr = &sum.groups[j];
+            assert_string_equal(gr->tap, cases[i].tap);
+            print_message("  %-5s %-7s %-26s %-40s exact %lld / %lld  worst rel_l2 %.3e\n", cases[i].tap, gr->kind,
+                          gr->a, gr->b, (long long)gr->exact, (long long)gr->checks, gr->worst_rel_l2);
+            if (!strcmp(gr->kind, "repeat") || strstr(gr->b, "threads=2")) assert_int_equal(gr->exact, gr->checks);
+            else assert_true(gr->worst_rel_l2 > 0.0); /* a real difference, within its bound */
+        }
+        td_layer_summary_free(&sum);
+    }
+    /* the other layer type, a route, a block the audit does not run */
+    td_layer_summary sum;
+    td_err err;
+    static const int64_t l0[] = {0};
+    assert_int_not_equal(mixer_audit(dir, TD_BLOCK_ATTN, l0, 1, TD_ROUTE_ROUTER, g.pairs, 1, &sum, &err), TD_OK);
+    assert_non_null(strstr(err.msg, "needs a full_attention layer"));
+    assert_int_equal(mixer_audit(dir, TD_BLOCK_GDN, l0, 1, TD_ROUTE_RANDOM, g.pairs, 1, &sum, &err), TD_ERR_ARG);
+    assert_non_null(strstr(err.msg, "applies to the moe block only"));
+    assert_int_equal(mixer_audit(dir, TD_BLOCK_ROUTER, l0, 1, TD_ROUTE_ROUTER, g.pairs, 1, &sum, &err), TD_ERR_ARG);
+    assert_non_null(strstr(err.msg, "expected moe, attn or gdn"));
+}
+
 static int cli(const char *const *args, int n)
 {
     char *argv[64];
@@ -610,6 +690,7 @@ int main(void)
         cmocka_unit_test(row_replays_alone),
         cmocka_unit_test(planted_bugs_are_caught),
         cmocka_unit_test(db_rows),
+        cmocka_unit_test(mixer_blocks),
         cmocka_unit_test(cli_usage_and_errors),
         cmocka_unit_test(cli_runs),
         cmocka_unit_test(cli_end_to_end),
