@@ -607,6 +607,9 @@ static void cli_usage_and_errors(void **state)
         (const char *const[]){"--model", "X", "--pair", "ref,ref", "--threads", "2", NULL},
         (const char *const[]){"--model", "X", "--seed", NULL},
         (const char *const[]){"--model", "/nonexistent/dir", "--no-db", "--tokens", "1", NULL},
+        (const char *const[]){"--model", "X", "--block", "router", NULL},
+        (const char *const[]){"--model", "X", "--block", NULL},
+        (const char *const[]){"--model", dir, "--no-db", "--tokens", "1", "--block", "gdn", "--routes", "random", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int n = 0;
