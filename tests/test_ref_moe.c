@@ -365,12 +365,12 @@ static void fill_x(td_rng *rng, float *x, int64_t n, double scale)
 static void fixture_opts(int which, mf_opts *o);
 
 /* Fixture `which` built, its layer-0 views and a 2-thread runner (close_fixture frees them). */
-static void open_fixture(int which, mf_opts *mo, mf_model *m, ref_moe_weights *w, runner *rn)
+static void open_fixture(int which, int threads, mf_opts *mo, mf_model *m, ref_moe_weights *w, runner *rn)
 {
     fixture_opts(which, mo);
     mf_build(mo, m);
     mf_views(m, 0, w);
-    runner_init(rn, 2);
+    runner_init(rn, threads);
 }
 
 static void fixture_opts(int which, mf_opts *o)
@@ -389,6 +389,7 @@ static void fixture_opts(int which, mf_opts *o)
     }
 }
 
+
 static void expect_same(const float *got, const float *want, int64_t n, const char *what)
 {
     for (int64_t i = 0; i < n; i++)
@@ -401,13 +402,10 @@ static void moe_block_matches_naive_numerics(void **state)
     (void)state;
     for (int fx = 0; fx < 3; fx++) {
         mf_opts mo;
-        fixture_opts(fx, &mo);
         mf_model m;
-        mf_build(&mo, &m);
         ref_moe_weights w;
-        mf_views(&m, 0, &w);
         runner rn;
-        runner_init(&rn, 2);
+        open_fixture(fx, 2, &mo, &m, &w, &rn);
         td_rng rng;
         td_rng_seed(&rng, 40 + (uint64_t)fx);
         const int64_t M = 5, H = mo.hidden;
@@ -437,13 +435,10 @@ static void moe_block_matches_naive_tp(void **state)
     (void)state;
     for (int fx = 0; fx < 3; fx++) {
         mf_opts mo;
-        fixture_opts(fx, &mo);
         mf_model m;
-        mf_build(&mo, &m);
         ref_moe_weights w;
-        mf_views(&m, 0, &w);
         runner rn;
-        runner_init(&rn, 3);
+        open_fixture(fx, 3, &mo, &m, &w, &rn);
         td_rng rng;
         td_rng_seed(&rng, 50 + (uint64_t)fx);
         const int64_t H = mo.hidden;
@@ -480,7 +475,7 @@ static void moe_block_edge_inputs(void **state)
     mf_model m;
     ref_moe_weights w;
     runner rn;
-    open_fixture(0, &mo, &m, &w, &rn);
+    open_fixture(0, 2, &mo, &m, &w, &rn);
     const int64_t M = 4, H = mo.hidden;
     float x[4 * 64], out[4 * 64], want[4 * 64];
     for (int64_t i = 0; i < H; i++) {
@@ -517,7 +512,7 @@ static void moe_block_imposed_routes(void **state)
     mf_model m;
     ref_moe_weights w;
     runner rn;
-    open_fixture(0, &mo, &m, &w, &rn);
+    open_fixture(0, 2, &mo, &m, &w, &rn);
     td_rng rng;
     td_rng_seed(&rng, 60);
     const int64_t M = 9, H = mo.hidden, k = mo.top_k;
@@ -619,13 +614,10 @@ static void moe_block_accuracy_vs_double(void **state)
     static const double scales[] = {1e-3, 0.1, 1.0, 4.0};
     for (int fx = 0; fx < 3; fx++) {
         mf_opts mo;
-        fixture_opts(fx, &mo);
         mf_model m;
-        mf_build(&mo, &m);
         ref_moe_weights w;
-        mf_views(&m, 0, &w);
         runner rn;
-        runner_init(&rn, 2);
+        open_fixture(fx, 2, &mo, &m, &w, &rn);
         td_rng rng;
         td_rng_seed(&rng, 70 + (uint64_t)fx);
         const int64_t M = 6, H = mo.hidden, k = mo.top_k;
@@ -666,7 +658,7 @@ static void moe_tp_reduced_close_to_tp1(void **state)
     mf_model m;
     ref_moe_weights w;
     runner rn;
-    open_fixture(0, &mo, &m, &w, &rn);
+    open_fixture(0, 2, &mo, &m, &w, &rn);
     td_rng rng;
     td_rng_seed(&rng, 80);
     const int64_t M = 8, H = mo.hidden;
@@ -732,7 +724,7 @@ static void moe_invalid_ids_rejected(void **state)
     mf_model m;
     ref_moe_weights w;
     runner rn;
-    open_fixture(0, &mo, &m, &w, &rn);
+    open_fixture(0, 2, &mo, &m, &w, &rn);
     const int64_t M = 2, H = mo.hidden;
     float x[2 * 64], out[2 * 64], wts[6] = {0.5f, 0.3f, 0.2f, 0.5f, 0.3f, 0.2f};
     for (int64_t i = 0; i < M * H; i++) x[i] = 0.01f * (float)i;
@@ -761,7 +753,7 @@ static void moe_faults_change_output(void **state)
     mf_model m;
     ref_moe_weights w;
     runner rn;
-    open_fixture(0, &mo, &m, &w, &rn);
+    open_fixture(0, 2, &mo, &m, &w, &rn);
     td_rng rng;
     td_rng_seed(&rng, 100);
     const int64_t M = 4, H = mo.hidden;
@@ -786,7 +778,7 @@ static void moe_router_only(void **state)
     mf_model m;
     ref_moe_weights w;
     runner rn;
-    open_fixture(1, &mo, &m, &w, &rn);
+    open_fixture(1, 2, &mo, &m, &w, &rn);
     const int64_t M = 3, H = mo.hidden, E = mo.experts;
     float x[3 * 64], lg[3 * 8], out[3 * 64];
     td_rng rng;
