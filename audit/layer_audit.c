@@ -392,10 +392,12 @@ static td_status add_compare(audit *A, const char *kind, int pair, const char *l
     return TD_OK;
 }
 
-/* The output tap suffix of the audited block. */
-static const char *block_out(td_block b)
+/* The output tap of the audited block on layer L: L{l}.{block}.out (moe.out, attn.out, gdn.out). */
+static void block_out_tap(char *name, size_t cap, int64_t layer, td_block b)
 {
-    return b == TD_BLOCK_ATTN ? "attn.out" : b == TD_BLOCK_GDN ? "gdn.out" : "moe.out";
+    char suffix[24];
+    snprintf(suffix, sizeof suffix, "%s.out", td_block_name(b));
+    td_tap_name(name, cap, layer, suffix);
 }
 
 /* Block output and every tap captured by both runs. */
@@ -405,7 +407,7 @@ static td_status compare_runs(audit *A, const char *kind, int pair, const char *
 {
     const td_dtype dt = compare_dtype(&sa->v, &sb->v);
     char out_name[TD_TAP_NAME_MAX];
-    td_tap_name(out_name, sizeof out_name, layer, block_out(A->o->block));
+    block_out_tap(out_name, sizeof out_name, layer, A->o->block);
     const int64_t n = M * A->model.hidden;
     td_status st = add_compare(A, kind, pair, la, lb, out_name, dt, false, sa->out[ra], sb->out[rb], n, n, expect,
                                bound, err);
@@ -564,7 +566,7 @@ static td_status do_row(audit *A, int64_t layer, int64_t rank, int64_t M, double
             snprintf(c->kind, sizeof c->kind, "reject");
             snprintf(c->a, sizeof c->a, "%s", s->label);
             snprintf(c->b, sizeof c->b, "%s", s->label);
-            td_tap_name(c->tap, sizeof c->tap, layer, block_out(o->block));
+            block_out_tap(c->tap, sizeof c->tap, layer, o->block);
             c->expect = TD_EXPECT_EXACT;
             td_metrics_f32(NULL, NULL, 0, TD_F32, &c->m);
             c->judged = true;

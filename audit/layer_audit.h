@@ -25,10 +25,10 @@
  * Variants of a row: a variant that does not set tp_size gets the audit's tp; one that does
  * not set tp_rank gets the row's rank. Equal variants (after that and threads=auto resolved)
  * run once per row, plus their repeat, whichever pairs they appear in.
- * Checks of a row (each judged, td_metrics):
  * Blocks: moe (default), or the token mixer attn (full_attention layers) or gdn
  * (linear_attention layers), each from a fresh state (core/engine.h); a layer of the other
  * type is an engine error naming it. Routes apply to moe only (attn/gdn: `router` alone).
+ * Checks of a row (each judged, td_metrics):
  * - "pair":   a vs b of each pair, on the block output `L{l}.moe.out` (`L{l}.attn.out`,
  *             `L{l}.gdn.out`) and on every requested
  *             tap both sides captured with the same size; expectation of the pair.

@@ -19,6 +19,7 @@ static const char *const accum_names[] = {"fp32", "fp64"};
 static const char *const scale_names[] = {"exact", "fp16"};
 static const char *const fault_names[] = {"none", "nibble_order", "reciprocal_global",
                                           "gate_up_swap", "no_renorm", "tp_slice"};
+static const char *const kernels_names[] = {"fast", "generic"};
 _Static_assert(TD_ARRAY_LEN(storage_names) == TD_STORAGE_COUNT, "storage names");
 _Static_assert(TD_ARRAY_LEN(dispatch_names) == TD_DISPATCH_COUNT, "dispatch names");
 _Static_assert(TD_ARRAY_LEN(act_names) == TD_ACT_COUNT, "act_dtype names");
@@ -191,12 +192,7 @@ static td_status set_option(const char *text, td_variant *v, const char *key, co
         n_names = 2;
         break;
     }
-    case TD_OPT_KERNELS: {
-        static const char *const kinds[] = {"fast", "generic"};
-        names = kinds;
-        n_names = 2;
-        break;
-    }
+    case TD_OPT_KERNELS: names = kernels_names; n_names = TD_ARRAY_LEN(kernels_names); break;
     case TD_OPT_TP_SIZE: {
         long x;
         if (!parse_uint(val, 1, TD_TP_MAX, &x))
@@ -336,7 +332,7 @@ char *td_variant_format(const td_variant *v, char *buf, size_t cap)
             }
             break;
         case TD_OPT_FAULT: if (v->fault) s = fault_names[v->fault]; break;
-        case TD_OPT_KERNELS: if (v->generic) s = "generic"; break;
+        case TD_OPT_KERNELS: if (v->generic) s = kernels_names[1]; break;
         case TD_OPT_COUNT: break;
         }
         if (!s) continue;

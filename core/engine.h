@@ -24,9 +24,9 @@
  * - td_variant_format() writes the canonical text: the engine, then every option that differs
  *   from its default, in the order above. Two variants with the same canonical text compute
  *   the same thing, except that threads=auto is not resolved (td_variant_resolve does that).
- * - Options are either numerically neutral (storage, graphs, threads, fault, kernels: a correct engine
- *   gives the same bits; a fault is a bug pretending to be neutral) or numeric (moe_dispatch,
- *   act_dtype, accum, scale, tp_size, tp_rank). td_opt_is_neutral() tells which; audits derive
+ * - Options are either numerically neutral (storage, graphs, threads, fault, kernels: a
+ *   correct engine gives the same bits; a fault is a bug pretending to be neutral) or numeric
+ *   (moe_dispatch, act_dtype, accum, scale, tp_size, tp_rank). td_opt_is_neutral() tells which; audits derive
  *   a pair's default expectation from it.
  *
  * Engines

@@ -282,10 +282,10 @@ __device__ __forceinline__ void own_best(const float p[ROUTE_PER], unsigned take
  * registers). The max and the exponentials in parallel; their sum in a fixed order (thread t
  * adds its experts ascending, the lanes of a warp by a xor butterfly, then the 16 warp sums
  * by a xor butterfly: the reference adds ascending, so a probability can differ from it by
- * rounding). The
- * top-k in two stages: every warp lists its own experts' best min(k, n) in order (k rounds of
- * a warp-wide arg-best, the owner of each winner offering its next best), then warp 0 merges
- * the 16 lists (k rounds over the list heads). Order: ranks_before, the reference's. */
+ * rounding). The top-k, in the order of ranks_before (the reference's): without NaN and for
+ * k <= ROUTE_SELECT_K by route_select; otherwise in two stages: every warp lists its own
+ * experts' best min(k, n) in order (k rounds of a warp-wide arg-best, the owner of each winner
+ * offering its next best), then warp 0 merges the 16 lists (k rounds over the list heads). */
 __global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, int64_t ld, int E, int k, int lk,
                                                          bool renorm, int32_t *ids, float *weights)
 {
@@ -364,8 +364,8 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, in
     /* with a NaN probability (or k > ROUTE_SELECT_K): k rounds of arg-best; each thread's best
      * untaken expert */
     unsigned taken = 0;
-    float bv = 0.0f;
-    int bi = -1;
+    float bv;
+    int bi;
     own_best(p, taken, tid, E, bv, bi);
     /* stage 1: this warp's list (lk = min(k, experts per warp) entries; -1 ends a short list) */
     for (int r = 0; r < lk; r++) {

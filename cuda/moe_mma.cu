@@ -199,7 +199,6 @@ __device__ __forceinline__ void mma16816(const uint32_t a[4], uint32_t b0, uint3
  * steps, NC a power of two <= 8 with chunk <= MM_PREFETCH where possible. */
 struct mm_geo {
     int KS, NC, chunk;
-    int nc_log2;    /* NC = 1 << nc_log2 */
     int64_t xs_w;   /* 32-bit words per staged input row: K/2 rounded up to 32, plus 16 */
 };
 
@@ -212,8 +211,6 @@ static mm_geo geo_of(int64_t K)
     while (g.NC < want && g.NC < MM_MAX_WARPS) g.NC *= 2;
     g.chunk = (g.KS + g.NC - 1) / g.NC;
     if (g.chunk < 1) g.chunk = 1;
-    g.nc_log2 = 0;
-    while ((1 << g.nc_log2) < g.NC) g.nc_log2++;
     g.xs_w = (K / 2 + 31) / 32 * 32 + 16;
     return g;
 }
@@ -541,24 +538,24 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, NTMAX == 1 ? 3 : 2) k_mm(mm
 
 /* ==== the decode kernel =========================================================================
  *
- * k_dec: k_mm's arithmetic for one 8-token tile and chunks of exactly CH steps, each warp
- * computing whole row tiles (its NC chunks one after the other, added in chunk order: k_mm's
- * unsplit mode, the same bits as its split mode). Persistent: a grid of a few blocks per SM,
- * each block taking a contiguous range of items (item = group x 8 row tiles, one per warp;
- * ranges differ by at most one item). Every warp streams its chunks through two buffers of
- * its own: while it computes one chunk from shared memory, the next one (of this tile or of
- * its tile in the next item) is on its way (cp.async), so no block barrier is needed except
- * where the walk enters a new group and the group's input rows are staged. */
+ * k_dec: k_mm's arithmetic for NT 8-token tiles (one or two) and chunks of exactly CH steps,
+ * each warp computing whole row tiles (its NC chunks one after the other, added in chunk
+ * order: k_mm's unsplit mode, the same bits as its split mode). Persistent: a grid of a few
+ * blocks per SM, each block taking a contiguous range of items (item = group x 8 row tiles,
+ * one per warp; ranges differ by at most one item). Every warp streams its chunks through a
+ * ring of DEC_STAGES buffers of its own, filled by the bulk-copy engine: while it computes one
+ * chunk from shared memory, the next ones (of this tile or of its tile in the next item) are
+ * on their way, so no block barrier is needed except where the walk enters a new group and
+ * the group's input rows are staged. */
 
-/* Blocks per SM the decode kernel is built for (registers), at most. */
-#ifndef DEC_BLOCKS
+/* Blocks per SM the decode kernel is built for (registers), at most: NT = 1 / NT = 2. */
 #define DEC_BLOCKS 3
-#endif
+template <int NT> struct dec_occupancy {
+    static constexpr int blocks = NT == 1 ? DEC_BLOCKS : 1;
+};
 /* Chunk buffers per warp: DEC_STAGES - 1 chunks are in flight while one is computed (at most
  * 32: one mbarrier per buffer, phases kept in one word). */
-#ifndef DEC_STAGES
 #define DEC_STAGES 2
-#endif
 
 /* Bytes of one chunk of one warp: CH steps of weights (256 bytes each) and of scales (16 rows
  * x 2 blocks: FP16 prepared, E4M3 raw). */
@@ -754,7 +751,7 @@ __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, co
 }
 
 template <int WK, int ACT, int CH, int NT>
-__global__ void __launch_bounds__(MM_MAX_WARPS * 32, NT == 1 ? DEC_BLOCKS : 1)
+__global__ void __launch_bounds__(MM_MAX_WARPS * 32, dec_occupancy<NT>::blocks)
     k_dec(mm_args a, int tbx)
 {
     typedef dec_sizes<WK, CH> Z;
@@ -993,9 +990,8 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
     TD_CU_TRY(err, cudaGetDevice(&dev));
     TD_CU_TRY(err, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     /* blocks per SM: what shared memory allows, at most what the registers were built for */
-    const int cap = NT == 1 ? DEC_BLOCKS : 1;
     int bps = (int)((227 * 1024) / (smem + 1024));
-    if (bps > cap) bps = cap;
+    if (bps > dec_occupancy<NT>::blocks) bps = dec_occupancy<NT>::blocks;
     if (bps < 1) bps = 1;
     const int64_t tbx = (a.c.W.R / 16 + MM_MAX_WARPS - 1) / MM_MAX_WARPS;
     const int64_t items = a.c.max_groups * tbx;

@@ -95,14 +95,20 @@ static void shape(mf_opts *o, uint64_t seed, int64_t hidden, int64_t experts, in
     o->layers = 1;
 }
 
-/* Write fixture `name`; without a GPU, free the model and skip the test. */
-static const char *fixture_or_skip(const char *name, const mf_opts *o, mf_model *m)
+/* Without a GPU (checked on checkpoint `dir`), free the model and skip the test. */
+static void skip_without_gpu(const char *dir, mf_model *m)
 {
-    const char *dir = fixture(name, o, m);
     if (no_gpu(dir)) {
         mf_free(m);
         skip();
     }
+}
+
+/* Write fixture `name`; without a GPU, free the model and skip the test. */
+static const char *fixture_or_skip(const char *name, const mf_opts *o, mf_model *m)
+{
+    const char *dir = fixture(name, o, m);
+    skip_without_gpu(dir, m);
     return dir;
 }
 
@@ -398,10 +404,7 @@ static void cuda_raw_admission(void **state)
         m.layers[0].up[2].scales[5] = bad[i].code;
         const char *dir = td_test_path("gpu_rawbad");
         mf_write(&m, dir);
-        if (no_gpu(dir)) {
-            mf_free(&m);
-            skip();
-        }
+        skip_without_gpu(dir, &m);
         static const char *const vs[] = {"cuda:storage=raw", "cuda:storage=raw,act_dtype=fp16"};
         for (size_t j = 0; j < TD_ARRAY_LEN(vs); j++) {
             td_variant v;
@@ -470,9 +473,9 @@ static void cuda_vs_ref_wide(void **state)
 
 /* The decode kernel (k_dec: NVFP4 calls with at most 16 slots per group whose K cut has
  * chunks of 10 or 5 steps; one or two 8-token tiles) against the general kernel, bit for bit,
- * and against the reference. The shape is
- * chosen so that every routed projection qualifies: hidden 640 (W13: 20 steps, 2 chunks of
- * 10), inter 320 (W2: 10 steps, 1 chunk; 160 per rank with tp_size=2: 5 steps), shared 160. */
+ * and against the reference. The shape is chosen so that every routed projection qualifies:
+ * hidden 640 (W13: 20 steps, 2 chunks of 10), inter 320 (W2: 10 steps, 1 chunk; 160 per rank
+ * with tp_size=2: 5 steps), shared 160. */
 static void cuda_decode_kernel(void **state)
 {
     (void)state;
@@ -576,11 +579,7 @@ static void cuda_rejects(void **state)
     mf_opts o;
     mf_defaults(&o);
     mf_model m;
-    const char *dir = fixture("gpu_rej", &o, &m);
-    if (no_gpu(dir)) {
-        mf_free(&m);
-        skip();
-    }
+    const char *dir = fixture_or_skip("gpu_rej", &o, &m);
     static const char *const refused[] = {"cuda:moe_dispatch=grouped", "cuda:act_dtype=fp32,moe_dispatch=grouped"};
     for (size_t i = 0; i < TD_ARRAY_LEN(refused); i++) {
         td_variant v;
