@@ -14,6 +14,13 @@
  *   16-element block, or with raw storage the E4M3 codes and a global per expert) or dense
  *   BF16/F16/F32. Expert e's row r starts at w + e*e_w + r*w_ld bytes (scales at
  *   s + e*e_s + r*s_ld). Plain data: it is passed to kernels by value and owns nothing.
+ * - Programmatic dependent launch (PDL): cu_launch(kernel, grid, block, smem, stream, pdl,
+ *   args...) launches with cudaLaunchKernelEx; with pdl the kernel may start while the kernel
+ *   before it on the stream still runs. Every kernel launched that way calls cu_pdl_wait()
+ *   before it touches memory that earlier work writes or reads, and calls cu_pdl_release()
+ *   (which lets the next such kernel start) only after that wait, so a kernel that starts
+ *   early may rely on everything before its predecessor being complete. Without pdl (or for
+ *   a kernel launched with <<<>>>) both calls are no-ops.
  */
 #ifndef TD_CUDA_COMMON_CUH
 #define TD_CUDA_COMMON_CUH
@@ -63,6 +70,27 @@ typedef struct cu_lin {
 
 #ifdef __CUDACC__
 #include <cuda_fp8.h>
+
+__device__ __forceinline__ void cu_pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void cu_pdl_release(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+template <typename... P, typename... A>
+static inline cudaError_t cu_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool pdl,
+                                    A... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at = {};
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 /* Raw storage's effective scale, the strict arithmetic of the prepared scales:
  * FP16_rn(fl32(E4M3(code) x g)) (ModelOpt) or FP16_rn(fl32(E4M3(code) / g)) (compressed-tensors),
  * returned as float. */

@@ -106,6 +106,7 @@ __global__ void k_round(const float *x, float *xa, int64_t n, int act)
 
 __global__ void k_round16(const float *x, float *xa, uint16_t *x16, int64_t n, int act)
 {
+    cu_pdl_release(); /* the router may launch now; it waits for this kernel before reading */
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float v = round_act(x[i], act);
@@ -298,6 +299,8 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, in
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     const int64_t t = blockIdx.x;
     const float *l = logits + t * ld;
+    cu_pdl_wait();
+    cu_pdl_release();
     float p[ROUTE_PER];
     float m = -INFINITY;
     int nan = 0;
@@ -414,6 +417,158 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, in
     }
 }
 
+/* Candidates above which route_small's selection takes k rounds instead (many equal
+ * probabilities: the ranking of n candidates costs n^2 / 32 comparisons per lane). */
+#define RS_CAND_MAX 128
+
+/* The best untaken expert of lane `lane`'s 16 (lane + 32 j, j ascending: the lowest index
+ * wins a tie), as key = bit pattern + 1 (probabilities >= +0, not NaN: keys order like
+ * values; 0: none left) and its j. */
+__device__ __forceinline__ void lane_best(const uint32_t b[16], uint32_t taken, uint32_t &key, int &bj)
+{
+    key = 0;
+    bj = 0;
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        if (!(taken >> j & 1u) && b[j] + 1u > key) {
+            key = b[j] + 1u;
+            bj = j;
+        }
+}
+
+/* Routing for E <= 512 and k <= 32: one block of 512 threads per token, thread t owns expert
+ * t. The softmax is k_route's, with the same bits (its sum order for one expert per thread:
+ * the lanes of a warp by a xor butterfly, the 16 warp sums by the same xor tree, which every
+ * thread evaluates from shared memory). The top-k, in the reference's order, by warp 0 alone
+ * without sequential rounds: lane l holds experts l, l + 32, ...; T0 = the k-th largest of the
+ * 32 lane maxima (a bitonic sort across the lanes); at least k experts are >= T0, so the
+ * top-k are among the candidates >= T0, listed in shared memory; a candidate's slot is the
+ * number of candidates that rank before it (larger first, lower index on ties). With more
+ * than RS_CAND_MAX candidates (many equal probabilities) k rounds of a warp arg-best instead.
+ * With a NaN probability every probability is NaN (the sum is NaN), and the reference's order
+ * (NaN last, lower index first) gives experts 0..k-1. */
+__global__ void __launch_bounds__(ROUTE_THREADS) k_route_small(const float *logits, int64_t ld, int E, int k,
+                                                               bool renorm, int32_t *ids, float *weights)
+{
+    __shared__ float pv[ROUTE_THREADS];
+    __shared__ float red[2][ROUTE_WARPS];
+    __shared__ uint2 cand[RS_CAND_MAX];      /* (bit pattern, expert) */
+    __shared__ float slot_v[32];
+    __shared__ int slot_i[32];
+    cu_pdl_wait();
+    cu_pdl_release();
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int64_t t = blockIdx.x;
+    const bool present = tid < E;
+    const float x = present ? logits[t * ld + tid] : 0.0f;
+    /* with a NaN logit the sum below is NaN, so the max's value does not matter */
+    float m = present && !isnan(x) ? x : -INFINITY;
+    for (int off = 16; off >= 1; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (lane == 0) red[0][w] = m;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < ROUTE_WARPS; i++) m = fmaxf(m, red[0][i]);
+    const float e = present ? (float)exp((double)__fsub_rn(x, m)) : 0.0f;
+    float part = __fadd_rn(0.0f, e);
+    for (int off = 16; off >= 1; off >>= 1) part = __fadd_rn(part, __shfl_xor_sync(0xffffffffu, part, off));
+    if (lane == 0) red[1][w] = part;
+    __syncthreads();
+    /* the xor butterfly over the 16 warp sums (offsets 8, 4, 2, 1) as a tree */
+    float lvl[ROUTE_WARPS];
+#pragma unroll
+    for (int i = 0; i < ROUTE_WARPS; i++) lvl[i] = red[1][i];
+#pragma unroll
+    for (int off = ROUTE_WARPS / 2; off >= 1; off >>= 1)
+#pragma unroll
+        for (int i = 0; i < off; i++) lvl[i] = __fadd_rn(lvl[i], lvl[i + off]);
+    const float sum = lvl[0];
+    const float p = present ? __fdiv_rn(e, sum) : 0.0f;
+    pv[tid] = p;
+    const int pnan = __syncthreads_or(present && isnan(p));
+    if (w != 0) return;
+    float mv = 0.0f, sk = 0.0f; /* slot `lane`: value, expert */
+    int mi = 0;
+    if (pnan) {
+        mi = lane;
+        mv = lane < E ? pv[lane] : 0.0f;
+    } else {
+        uint32_t b[16], taken = 0, lmax = 0;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int i = lane + 32 * j;
+            b[j] = i < E ? __float_as_uint(pv[i]) : 0u;
+            if (i < E) lmax = max(lmax, b[j]);
+            else taken |= 1u << j;
+        }
+        /* bitonic sort of the lane maxima, descending across lanes (a lane without experts
+         * holds 0, which only lowers the bound) */
+        uint32_t v = lmax;
+        for (int size = 2; size <= 32; size <<= 1)
+            for (int stride = size >> 1; stride >= 1; stride >>= 1) {
+                const uint32_t o = __shfl_xor_sync(0xffffffffu, v, stride);
+                const bool desc = (lane & size) == 0, lower = (lane & stride) == 0;
+                v = (lower == desc) ? max(v, o) : min(v, o);
+            }
+        const uint32_t T0 = __shfl_sync(0xffffffffu, v, k - 1);
+        uint32_t mine = 0;
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+            if (!(taken >> j & 1u) && b[j] >= T0) mine |= 1u << j;
+        const int c = __popc(mine);
+        int incl = c;
+        for (int off = 1; off < 32; off <<= 1) {
+            const int o = __shfl_up_sync(0xffffffffu, incl, off);
+            if (lane >= off) incl += o;
+        }
+        const int n = __shfl_sync(0xffffffffu, incl, 31);
+        if (n <= RS_CAND_MAX) {
+            int at = incl - c;
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+                if (mine >> j & 1u) cand[at++] = make_uint2(b[j], (uint32_t)(lane + 32 * j));
+            __syncwarp();
+            for (int ci = lane; ci < n; ci += 32) {
+                const uint2 me = cand[ci];
+                int r = 0;
+                for (int d = 0; d < n; d++) {
+                    const uint2 o = cand[d];
+                    r += o.x > me.x || (o.x == me.x && o.y < me.y);
+                }
+                if (r < k) {
+                    slot_v[r] = __uint_as_float(me.x);
+                    slot_i[r] = (int)me.y;
+                }
+            }
+            __syncwarp();
+            if (lane < k) {
+                mv = slot_v[lane];
+                mi = slot_i[lane];
+            }
+        } else {
+            uint32_t key;
+            int bj;
+            lane_best(b, taken, key, bj);
+            for (int r = 0; r < k; r++) {
+                const uint32_t V = __reduce_max_sync(0xffffffffu, key);
+                const uint32_t I = __reduce_min_sync(0xffffffffu, key == V ? (uint32_t)(lane + 32 * bj) : 0xffffffffu);
+                if (lane == r) {
+                    mv = __uint_as_float(V - 1u);
+                    mi = (int)I;
+                }
+                if ((int)(I & 31u) == lane) {
+                    taken |= 1u << (I >> 5);
+                    lane_best(b, taken, key, bj);
+                }
+            }
+        }
+    }
+    for (int j = 0; j < k; j++) sk = __fadd_rn(sk, __shfl_sync(0xffffffffu, mv, j));
+    if (lane < k) {
+        ids[t * k + lane] = mi;
+        weights[t * k + lane] = renorm ? __fdiv_rn(mv, sk) : mv;
+    }
+}
+
 __global__ void k_w13(cu_lin gate, cu_lin up, int64_t r0, int64_t il, const int32_t *ids, int64_t k,
                       const float *xa, int64_t H, int act, float *out)
 {
@@ -449,6 +604,8 @@ __global__ void k_w2(cu_lin down, int64_t c0, int64_t il, const int32_t *ids, co
 __global__ void k_combine(const float *weights, const float *eout, int64_t k, const float *sgdot, int64_t sg_ld,
                           const float *sh_out, int64_t M, int64_t H, int act, int mode, float *out)
 {
+    cu_pdl_wait();
+    cu_pdl_release();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= M * H) return;
     const int64_t t = i / H, h = i % H;
@@ -495,19 +652,26 @@ td_status cu_moe_linear(cu_lin W, int64_t r0, int64_t nrows, const float *x, int
 }
 
 td_status cu_moe_route(const float *logits, int64_t ld, int64_t M, int64_t E, int64_t k, bool renorm, int32_t *ids,
-                       float *weights, cudaStream_t s, td_err *err)
+                       float *weights, bool generic, bool pdl, cudaStream_t s, td_err *err)
 {
     if (M <= 0) return TD_OK;
     if (E < 1 || k < 1 || k > E || E > ROUTE_THREADS * ROUTE_PER || M > 0x7fffffff)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: routing %lld experts top-%lld is outside the kernel's range",
                           (long long)E, (long long)k);
+    if (!generic && E <= ROUTE_THREADS && k <= 32) {
+        TD_CU_TRY(err, cu_launch(k_route_small, dim3((unsigned)M), dim3(ROUTE_THREADS), 0, s, pdl, logits, ld, (int)E,
+                                 (int)k, renorm, ids, weights));
+        TD_CU_LAUNCHED(err, "k_route_small");
+        return TD_OK;
+    }
     /* a warp's list: its best min(k, experts it owns) */
     const int64_t per_warp = ((E + ROUTE_THREADS - 1) / ROUTE_THREADS) * 32;
     const int lk = (int)(k < per_warp ? k : per_warp);
     const size_t lists = (size_t)ROUTE_WARPS * lk * (sizeof(float) + sizeof(int)); /* rounds (NaN) */
     const size_t select = k <= ROUTE_SELECT_K ? (size_t)k * 3 * sizeof(float) : 0; /* route_select */
     const size_t smem = lists > select ? lists : select;
-    k_route<<<(unsigned)M, ROUTE_THREADS, smem, s>>>(logits, ld, (int)E, (int)k, lk, renorm, ids, weights);
+    TD_CU_TRY(err, cu_launch(k_route, dim3((unsigned)M), dim3(ROUTE_THREADS), smem, s, pdl, logits, ld, (int)E, (int)k,
+                             lk, renorm, ids, weights));
     TD_CU_LAUNCHED(err, "k_route");
     return TD_OK;
 }
@@ -536,11 +700,12 @@ td_status cu_moe_w2(cu_lin down, int64_t c0, int64_t il, const int32_t *ids, int
 }
 
 td_status cu_moe_combine(const float *weights, const float *eout, int64_t k, const float *sgdot, int64_t sg_ld,
-                         const float *sh_out, int64_t M, int64_t H, int act, int mode, float *out,
+                         const float *sh_out, int64_t M, int64_t H, int act, int mode, float *out, bool pdl,
                          cudaStream_t s, td_err *err)
 {
     if (M <= 0) return TD_OK;
-    k_combine<<<blocks_for(M * H, 256), 256, 0, s>>>(weights, eout, k, sgdot, sg_ld, sh_out, M, H, act, mode, out);
+    TD_CU_TRY(err, cu_launch(k_combine, dim3(blocks_for(M * H, 256)), dim3(256), 0, s, pdl, weights, eout, k, sgdot,
+                             sg_ld, sh_out, M, H, act, mode, out));
     TD_CU_LAUNCHED(err, "k_combine");
     return TD_OK;
 }

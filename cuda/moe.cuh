@@ -17,11 +17,15 @@
  *   experts t, t+512, ... ascending, the lanes of a warp by a xor butterfly, then the 16 warp
  *   sums by a xor butterfly: the reference adds ascending, so the sum and the probabilities can differ from
  *   it by rounding), p_i = e_i / sum, then the top-k in the order "larger first, NaN last,
- *   lower index on ties" (the reference's): slot j holds the j-th best. Without NaN (and
- *   k <= 1024) by selection: the k-th largest bit pattern found bit by bit with block-wide
- *   counts, then each selected expert's slot by counting those that rank before it; otherwise
- *   by k rounds of arg-best. Renormalization adds the k weights in slot order and divides.
- *   At most 4096 experts.
+ *   lower index on ties" (the reference's): slot j holds the j-th best. For E <= 512 and
+ *   k <= 32 (the production shape) the top-k is found by one warp without sequential rounds:
+ *   a bound T0 (the k-th largest of the 32 lane maxima) leaves a few candidates, and each
+ *   candidate's slot is the number of candidates that rank before it (k rounds of arg-best
+ *   when more than 128 probabilities tie above T0). Otherwise, without NaN (and k <= 1024),
+ *   by selection: the k-th largest bit pattern by a radix selection with block-wide
+ *   histograms, then each selected expert's slot by counting those that rank before it; with
+ *   NaN by k rounds of arg-best. Both kernels give the same bits. Renormalization adds the k
+ *   weights in slot order and divides. At most 4096 experts.
  * - SwiGLU: h = fl32(silu(g) * u), silu in double rounded once, then rounded to act_dtype.
  * - Combine (cu_moe_combine): one thread per (token, column): sum over slots j = 0..k-1 in
  *   order of fl32(w_j * y_j), then + fl32(sg * y_s), from +0, rounded to act_dtype; with
@@ -31,6 +35,10 @@
  * Contract
  * - Every launcher enqueues on `stream`, checks the launch (TD_CU_LAUNCHED) and returns a
  *   td_status; none allocates or synchronizes. Pointers are device pointers sized as stated.
+ * - `generic` (routing): always the general kernel k_route (kernels=generic), which the
+ *   one-warp selection must match bit for bit.
+ * - `pdl` (routing, combine): a programmatic dependent launch (common.cuh): the kernel may
+ *   start while the previous kernel on the stream runs and waits for it before any access.
  * - `act` is the activation dtype code: 0 fp32, 1 fp16, 2 bf16 (td_act_dtype's values).
  */
 #ifndef TD_CUDA_MOE_CUH
@@ -51,7 +59,7 @@ td_status cu_moe_linear(cu_lin W, int64_t r0, int64_t nrows, const float *x, int
 /* logits [M, ld] (first E columns) -> ids [M, k], weights [M, k] (softmax, top-k, optional
  * renormalization). */
 td_status cu_moe_route(const float *logits, int64_t ld, int64_t M, int64_t E, int64_t k, bool renorm, int32_t *ids,
-                       float *weights, cudaStream_t s, td_err *err);
+                       float *weights, bool generic, bool pdl, cudaStream_t s, td_err *err);
 
 /* For every slot s < nslots (token s / k, expert ids[s], or expert 0 when ids is NULL):
  * act[s*il + c] = act_dtype(fl32(silu(gate[r0 + c] . x_t) * (up[r0 + c] . x_t))), c < il. */
@@ -67,7 +75,7 @@ td_status cu_moe_w2(cu_lin down, int64_t c0, int64_t il, const int32_t *ids, int
  * holds the shared-gate dot product of token t (NULL when there is no shared expert, then
  * sh_out is unused). */
 td_status cu_moe_combine(const float *weights, const float *eout, int64_t k, const float *sgdot, int64_t sg_ld,
-                         const float *sh_out, int64_t M, int64_t H, int act, int mode, float *out,
+                         const float *sh_out, int64_t M, int64_t H, int act, int mode, float *out, bool pdl,
                          cudaStream_t s, td_err *err);
 
 #endif /* TD_CUDA_MOE_CUH */

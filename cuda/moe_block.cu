@@ -25,7 +25,7 @@ static void mm_groups(const cu_block_shape *sh, const cu_block_ws *ws, cu_mm_cal
  * groups over the tokens (shared expert). */
 static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, const cu_qmat *w13, const cu_qmat *w2,
                            int ri, int64_t mats, bool routed_slots, bool grouped, int64_t Mc, int64_t il, float *act,
-                           uint16_t *act16, float *y, cudaStream_t s, td_err *err)
+                           uint16_t *act16, float *y, bool pdl, cudaStream_t s, td_err *err)
 {
     const int64_t H = sh->H, k = sh->k;
     cu_mm_call m;
@@ -52,6 +52,7 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
     m.epi = CU_MM_SWIGLU;
     m.act = sh->act;
     m.generic = sh->generic;
+    m.pdl = pdl ? 2 : 0;
     td_status st = cu_mm(&m, s, err);
     if (st) return st;
     m.W = *w2;
@@ -81,9 +82,9 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
         if (!ly->mm)
             return td_err_set(err, TD_ERR_UNSUPPORTED, "cuda moe: the routed part alone runs on the tensor-core path only");
         if (sh->grouped)
-            st = cu_mm_group(c->ids, Mc * k, E, c->n_groups, c->g_mat, c->g_start, c->g_count, c->perm, s, err);
+            st = cu_mm_group(c->ids, Mc * k, E, c->n_groups, c->g_mat, c->g_start, c->g_count, c->perm, false, s, err);
         if (!st) st = mm_expert(sh, c, &ly->w13, &ly->w2, 0, sh->nr, true, sh->grouped, Mc, il, c->act, c->act16,
-                                c->eout, s, err);
+                                c->eout, sh->grouped, s, err);
         return st;
     }
     st = mm_act ? cu_moe_round16(c->x, c->xa, c->xa16, Mc * H, act, s, err)
@@ -108,6 +109,7 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
         m.epi = CU_MM_F32;
         m.act = act;
         m.generic = sh->generic;
+        m.pdl = 2; /* after k_round16 */
         st = cu_mm(&m, s, err);
     } else {
         if (need_router) st = cu_moe_linear(ly->router, 0, E, c->xa, H, Mc, c->logits, lg, s, err);
@@ -115,10 +117,14 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
             st = cu_moe_linear(ly->sh_gw, 0, 1, c->xa, H, Mc, c->logits + E, lg, s, err);
     }
     if (st || part == CU_BLOCK_ROUTER) return st;
-    if (!routed) st = cu_moe_route(c->logits, lg, Mc, E, k, sh->renorm, c->ids, c->wts, s, err);
+    /* from here on every launch on s follows a kernel: programmatic dependent launches */
+    if (!routed)
+        st = cu_moe_route(c->logits, lg, Mc, E, k, sh->renorm, c->ids, c->wts, sh->generic, true, s, err);
+    else if (c->ids_discard)
+        st = cu_moe_route(c->logits, lg, Mc, E, k, sh->renorm, c->ids_discard, c->wts_discard, sh->generic, true, s, err);
     const bool grouped = sh->grouped;
     if (!st && grouped)
-        st = cu_mm_group(c->ids, Mc * k, E, c->n_groups, c->g_mat, c->g_start, c->g_count, c->perm, s, err);
+        st = cu_mm_group(c->ids, Mc * k, E, c->n_groups, c->g_mat, c->g_start, c->g_count, c->perm, true, s, err);
     if (st) return st;
     const bool all = sh->tp_rank < 0;
     const int r0 = all ? 0 : sh->tp_rank, r1 = all ? T : sh->tp_rank + 1;
@@ -129,7 +135,7 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
             TD_CU_TRY(err, cudaStreamWaitEvent(s2, c->ev_fork, 0));
             if (ly->sh_mm) {
                 st = mm_expert(sh, c, &ly->sh13, &ly->sh2, ri, 1, false, false, Mc, isl, c->sh_act, c->sh_act16,
-                               c->sh_out, s2, err);
+                               c->sh_out, false, s2, err);
             } else {
                 st = cu_moe_w13(ly->sh_gate, ly->sh_up, r * isl, isl, NULL, 1, Mc, c->xa, H, act, c->sh_act, s2, err);
                 if (!st) st = cu_moe_w2(ly->sh_down, r * isl, isl, NULL, Mc, c->sh_act, H, act, c->sh_out, s2, err);
@@ -143,15 +149,15 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
             if (st) return st;
         }
         if (ly->mm) {
-            st = mm_expert(sh, c, &ly->w13, &ly->w2, ri, sh->nr, true, grouped, Mc, il, c->act, c->act16, c->eout, s,
-                           err);
+            st = mm_expert(sh, c, &ly->w13, &ly->w2, ri, sh->nr, true, grouped, Mc, il, c->act, c->act16, c->eout, true,
+                           s, err);
         } else {
             st = cu_moe_w13(ly->gate, ly->up, r * il, il, c->ids, k, Mc * k, c->xa, H, act, c->act, s, err);
             if (!st) st = cu_moe_w2(ly->down, r * il, il, c->ids, Mc * k, c->act, H, act, c->eout, s, err);
         }
         if (!st)
             st = cu_moe_combine(c->wts, c->eout, k, ly->has_shared ? c->logits + E : NULL, lg, c->sh_out, Mc, H, act,
-                                r == r0 ? 0 : 1, c->out, s, err);
+                                r == r0 ? 0 : 1, c->out, true, s, err);
     }
     if (!st && all) st = cu_moe_round(c->out, c->out, Mc * H, act, s, err);
     return st;

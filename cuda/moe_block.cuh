@@ -10,6 +10,8 @@
  *   routing (unless routes are imposed), grouping (moe_dispatch=grouped)
  *   per TP rank: shared expert (W13 + SwiGLU, W2), routed experts (W13 + SwiGLU, W2), combine
  *   (rank outputs added in rank order; rounded once more for tp_rank=all)
+ * Every kernel launched on ws->s after the first is a programmatic dependent launch
+ * (common.cuh): it may start while its predecessor runs and waits for it before any access.
  * CU_BLOCK_ROUTER stops after the logits; CU_BLOCK_ROUTED runs only grouping and the routed
  * experts of the first rank (the bench's routed-part timing).
  *
@@ -64,6 +66,8 @@ typedef struct cu_block_ws {
     int32_t *n_groups;          /* [1] */
     int32_t *g_mat, *g_start, *g_count; /* [cu_mm_group_bound(C*k, E)] */
     int32_t *perm;              /* [C*k] */
+    int32_t *ids_discard;       /* [C, k], optional: with imposed routes, the routing kernel */
+    float *wts_discard;         /* still runs at its place and writes here (the bench's timing) */
     cudaStream_t s, s2;
     cudaEvent_t ev_fork, ev_join;
 } cu_block_ws;

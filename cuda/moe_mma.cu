@@ -106,7 +106,8 @@ void cu_pack_nvfp4(const uint8_t *const *row_w, const uint8_t *const *row_s, con
                 }
                 for (int b = 0; b < 2; b++) {
                     const int64_t kb = 2 * ks + b;
-                    const int64_t idx = ((rt * KS + ks) * 16 + r16) * 2 + b;
+                    /* [rt][ks][g = r16 % 8][r16 / 8][b] */
+                    const int64_t idx = (((rt * KS + ks) * 8 + (r16 & 7)) * 2 + (r16 >> 3)) * 2 + b;
                     const bool have = row_ok && kb * 16 < cols;
                     const uint8_t code = have ? row_s[r][kb] : 0;
                     if (raw) {
@@ -231,21 +232,38 @@ struct mm_args {
  * block's threads together, 16 bytes per load; columns at or beyond in_cols become 0), with
  * the BF16 hi / lo split of FP16 inputs for BF16 weights (copy 1 holds lo). Ends with
  * __syncthreads(). Words 4v .. 4v+3 (v = 4s + m) land at s*16 + i*4 + (m>>1)*2 + (m&1),
- * i = 0..3. */
-template <bool SPLIT>
+ * i = 0..3. The (row, v) pairs of all rows are one index space and each thread issues U
+ * loads before it stores any, so staging 16 rows costs a few round trips to memory, not one
+ * per row (U: 4 in k_dec, 2 in k_mm, whose weight registers are live meanwhile). */
+template <bool SPLIT, int U>
 __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, int64_t slot0, int count, uint32_t *xs)
 {
     const int xs_w = (int)a.geo.xs_w, nv = (int)(a.c.W.K / 8), valid = (int)(a.c.in_cols / 8);
     const int copy = a.xrows * xs_w;
     const int div = (int)a.c.in_div;
-    for (int j = 0; j < count; j++) {
-        const int slot = plist ? plist[j] : (int)slot0 + j;
-        const uint4 *src = reinterpret_cast<const uint4 *>(a.c.in16 + (int64_t)(slot / div) * a.c.in_ld);
-        for (int v = threadIdx.x; v < nv; v += blockDim.x) {
-            const uint4 q4 = v < valid ? __ldg(src + v) : make_uint4(0, 0, 0, 0);
-            const int m = v & 3;
-            uint32_t *d = xs + j * xs_w + (v >> 2) * 16 + (m >> 1) * 2 + (m & 1);
-            const uint32_t w4[4] = {q4.x, q4.y, q4.z, q4.w};
+    const int total = count * nv, step = (int)blockDim.x;
+    for (int base = threadIdx.x; base < total; base += U * step) {
+        uint4 q4[U];
+        uint32_t *dst[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int idx = base + u * step;
+            q4[u] = make_uint4(0, 0, 0, 0);
+            dst[u] = nullptr;
+            if (idx < total) {
+                const int j = idx / nv, v = idx - j * nv;
+                const int slot = plist ? plist[j] : (int)slot0 + j;
+                if (v < valid)
+                    q4[u] = __ldg(reinterpret_cast<const uint4 *>(a.c.in16 + (int64_t)(slot / div) * a.c.in_ld) + v);
+                const int m = v & 3;
+                dst[u] = xs + j * xs_w + (v >> 2) * 16 + (m >> 1) * 2 + (m & 1);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (!dst[u]) continue;
+            uint32_t *d = dst[u];
+            const uint32_t w4[4] = {q4[u].x, q4[u].y, q4[u].z, q4[u].w};
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const uint32_t w = w4[i];
@@ -299,13 +317,13 @@ __device__ __forceinline__ void mm_load(const cu_qmat &W, int64_t KS, int64_t ma
                 r.wd[i][1] = __ldg(p + 1);
             }
             if (WK == 0) {
-                const uint32_t *sp = reinterpret_cast<const uint32_t *>(sbase) + step * 16;
-                r.s_lo[i] = __ldg(sp + g);
-                r.s_hi[i] = __ldg(sp + g + 8);
+                const uint2 v = __ldg(reinterpret_cast<const uint2 *>(sbase) + step * 8 + g);
+                r.s_lo[i] = v.x;
+                r.s_hi[i] = v.y;
             } else if (WK == 1) {
-                const uint16_t *sp = reinterpret_cast<const uint16_t *>(sbase) + step * 16;
-                r.s_lo[i] = __ldg(sp + g);
-                r.s_hi[i] = __ldg(sp + g + 8);
+                const uint32_t v = __ldg(reinterpret_cast<const uint32_t *>(sbase) + step * 8 + g);
+                r.s_lo[i] = v & 0xffffu;
+                r.s_hi[i] = v >> 16;
             }
         }
     }
@@ -415,7 +433,7 @@ __device__ __forceinline__ void mm_chunk(const mm_args &a, int64_t mat, int64_t 
         const int n = k1 - base < PF ? (k1 > base ? k1 - base : 0) : PF;
         mm_regs<PF> r;
         mm_load<WK, PF>(a.c.W, a.geo.KS, mat, rt, base, n, lane, r);
-        if (stage && base == k0) stage_x<SPLIT>(a, plist, slot0, count, xs); /* while the weights load */
+        if (stage && base == k0) stage_x<SPLIT, 2>(a, plist, slot0, count, xs); /* while the weights load */
         mm_compute<WK, ACT, NT, PF>(a, mat, base, n, count, xs, lane, r, acc);
         if (base + PF >= k1) break;
     }
@@ -490,6 +508,8 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, NTMAX == 1 ? 3 : 2) k_mm(mm
     uint32_t *xs = reinterpret_cast<uint32_t *>(xs_raw);
     const cu_mm_call &c = a.c;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    cu_pdl_wait();
+    cu_pdl_release();
     int64_t mat, slot0;
     int count;
     const int32_t *plist;
@@ -554,7 +574,9 @@ template <int NT> struct dec_occupancy {
     static constexpr int blocks = NT == 1 ? DEC_BLOCKS : 1;
 };
 /* Chunk buffers per warp: DEC_STAGES - 1 chunks are in flight while one is computed (at most
- * 32: one mbarrier per buffer, phases kept in one word). */
+ * 32: one mbarrier per buffer, phases kept in one word). Deeper rings for grids of one or two
+ * blocks per SM (decode with few experts) were measured slower: they keep the next kernel's
+ * blocks off those SMs. */
 #define DEC_STAGES 2
 
 /* Bytes of one chunk of one warp: CH steps of weights (256 bytes each) and of scales (16 rows
@@ -686,8 +708,10 @@ template <int WK, int CH> struct dec_stream {
 };
 
 /* Partial sums of one chunk (acc from +0) for NT 8-token tiles, from its buffer; B from the
- * staged rows, steps from step0 of the row. */
-template <int WK, int ACT, int CH, int NT>
+ * staged rows, steps from step0 of the row. ONE: the group has one token, whose column 0 is
+ * acc[0][0] and acc[0][2] of lanes q = 0: the odd columns' scale FMAs are skipped (their
+ * accumulators stay 0 and are never stored). */
+template <int WK, int ACT, int CH, int NT, bool ONE = false>
 __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, const uint8_t *buf, const uint32_t *xs,
                                           int step0, int lane, float acc[2][4])
 {
@@ -695,12 +719,14 @@ __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, co
     const cu_mm_call &c = a.c;
     const int g = lane >> 2, q = lane & 3;
     const uint2 *wsm = reinterpret_cast<const uint2 *>(buf) + lane;
+    /* B column g of tile nt is token nt*8 + g; past the group's count the lane reads the last
+     * token's row instead of zeros: that column is computed and never stored (a column of D
+     * depends on its own column of B only), and the loads need no predicate */
     const uint4 *xrow[2];
-    bool has[2];
 #pragma unroll
     for (int nt = 0; nt < 2; nt++) {
-        xrow[nt] = reinterpret_cast<const uint4 *>(xs + (nt * 8 + g) * (int)a.geo.xs_w + q * 4) + step0 * 4;
-        has[nt] = nt * 8 + g < p.count;
+        const int row = nt * 8 + g < p.count ? nt * 8 + g : p.count - 1;
+        xrow[nt] = reinterpret_cast<const uint4 *>(xs + row * (int)a.geo.xs_w + q * 4) + step0 * 4;
     }
     float2 glob = make_float2(0.f, 0.f);
     if (WK == 1) glob = c.W.g[p.mat];
@@ -713,19 +739,18 @@ __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, co
         const uint2 wq = wsm[i * 32];
         uint4 Bs[NT];
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) Bs[nt] = has[nt] ? xrow[nt][i * 4] : make_uint4(0, 0, 0, 0);
+        for (int nt = 0; nt < NT; nt++) Bs[nt] = xrow[nt][i * 4];
         float2 eff_lo, eff_hi;
         if (WK == 0) {
-            const uint32_t *sp = reinterpret_cast<const uint32_t *>(buf + Z::w) + i * 16 + g;
+            const uint2 sv = reinterpret_cast<const uint2 *>(buf + Z::w)[i * 8 + g];
             __half2 hl, hh;
-            const uint32_t ul = sp[0], uh = sp[8];
-            memcpy(&hl, &ul, 4);
-            memcpy(&hh, &uh, 4);
+            memcpy(&hl, &sv.x, 4);
+            memcpy(&hh, &sv.y, 4);
             eff_lo = __half22float2(hl);
             eff_hi = __half22float2(hh);
         } else {
-            const uint16_t *sp = reinterpret_cast<const uint16_t *>(buf + Z::w) + i * 16 + g;
-            const uint32_t sl = sp[0], sh = sp[8];
+            const uint32_t sv = reinterpret_cast<const uint32_t *>(buf + Z::w)[i * 8 + g];
+            const uint32_t sl = sv & 0xffffu, sh = sv >> 16;
             eff_lo = make_float2(cu_raw_eff(sl & 0xffu, glob.x, c.W.conv), cu_raw_eff(sl >> 8, glob.x, c.W.conv));
             eff_hi = make_float2(cu_raw_eff(sh & 0xffu, glob.y, c.W.conv), cu_raw_eff(sh >> 8, glob.y, c.W.conv));
         }
@@ -742,15 +767,16 @@ __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, co
                 float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
                 mma16816<ACT>(A, bb ? Bs[nt].z : Bs[nt].x, bb ? Bs[nt].w : Bs[nt].y, d0, d1, d2, d3);
                 acc[nt][0] = __fmaf_rn(e_lo, d0, acc[nt][0]);
-                acc[nt][1] = __fmaf_rn(e_lo, d1, acc[nt][1]);
+                if (!ONE) acc[nt][1] = __fmaf_rn(e_lo, d1, acc[nt][1]);
                 acc[nt][2] = __fmaf_rn(e_hi, d2, acc[nt][2]);
-                acc[nt][3] = __fmaf_rn(e_hi, d3, acc[nt][3]);
+                if (!ONE) acc[nt][3] = __fmaf_rn(e_hi, d3, acc[nt][3]);
             }
         }
     }
 }
 
-template <int WK, int ACT, int CH, int NT>
+/* ONE: every group has one slot (direct dispatch), NT = 1. */
+template <int WK, int ACT, int CH, int NT, bool ONE = false>
 __global__ void __launch_bounds__(MM_MAX_WARPS * 32, dec_occupancy<NT>::blocks)
     k_dec(mm_args a, int tbx)
 {
@@ -763,10 +789,16 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, dec_occupancy<NT>::blocks)
     uint64_t *bar = bars[warp];
     uint32_t *xs = reinterpret_cast<uint32_t *>(reinterpret_cast<uint8_t *>(dec_sh) + Z::bufs);
     const int NC = a.geo.NC, RT = (int)(c.W.R / 16);
-    /* a kernel launched after this one as a programmatic dependent may start now; this one
-     * waits for its predecessor here, or (pdl) only before it reads its input rows */
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    if (!c.pdl) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    /* pdl 1 (early loads): the routes and groups are complete before this kernel starts, so it
+     * lets its dependents launch, issues its first weight chunks, and waits for its
+     * predecessor only before it reads the input rows; otherwise it waits first */
+    const bool early = c.pdl == 1;
+    if (early) {
+        cu_pdl_release();
+    } else {
+        cu_pdl_wait();
+        cu_pdl_release();
+    }
     /* items: groups x blocks of 8 row tiles, item = g * tbx + tb; this block's contiguous share */
     const int groups = c.perm ? *c.n_groups : (int)((c.nslots + c.pack - 1) / c.pack);
     const int n_items = groups * tbx;
@@ -786,8 +818,8 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, dec_occupancy<NT>::blocks)
     dec_stream<WK, CH> is;
     is.start(a, cur, it0, it1, warp);
     for (int st = 0; st < DEC_STAGES && is.more(); st++) is.issue(a, tbx, warp, lane, ring + st * Z::chunk, &bar[st]);
-    if (c.pdl) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    stage_x<false>(a, cur.plist, cur.slot0, cur.count, xs);
+    if (early) cu_pdl_wait();
+    stage_x<false, 4>(a, cur.plist, cur.slot0, cur.count, xs);
     int slot = 0;
     uint32_t phases = 0; /* bit s: the phase buffer s waits for next */
     for (int it = it0; it < it1; it++) {
@@ -799,7 +831,12 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, dec_occupancy<NT>::blocks)
                 mbar_wait(&bar[slot], phases >> slot & 1u);
                 phases ^= 1u << slot;
                 float p[2][4];
-                dec_chunk<WK, ACT, CH, NT>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
+                if (ONE)
+                    dec_chunk<WK, ACT, CH, 1, true>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
+                else if (NT == 2 && cur.count <= 8) /* uniform: the second tile would be dropped */
+                    dec_chunk<WK, ACT, CH, 1>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
+                else
+                    dec_chunk<WK, ACT, CH, NT>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -821,7 +858,7 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, dec_occupancy<NT>::blocks)
             const dec_pos nxt = dec_next(a, cur, tbx);
             if (nxt.g != cur.g) { /* the same for every thread: a uniform branch */
                 __syncthreads(); /* every warp is done with the staged rows */
-                stage_x<false>(a, nxt.plist, nxt.slot0, nxt.count, xs);
+                stage_x<false, 4>(a, nxt.plist, nxt.slot0, nxt.count, xs);
             }
             cur = nxt;
         }
@@ -848,6 +885,8 @@ __global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int
     int32_t *cnt = sid + group_sid_words(nslots); /* [E] */
     long long *part = reinterpret_cast<long long *>(sh + group_off(nslots, E)); /* [64] */
     const int tid = threadIdx.x;
+    cu_pdl_wait();
+    cu_pdl_release();
     for (int64_t s = tid; s < group_sid_words(nslots); s += GROUP_THREADS) sid[s] = s < nslots ? ids[s] : -1;
     __syncthreads();
     for (int64_t e = tid; e < E; e += GROUP_THREADS) {
@@ -917,6 +956,9 @@ static cudaError_t set_dec_smem(void)
     cudaError_t e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX);
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 MM_SMEM_MAX);
     return e;
 }
 
@@ -954,14 +996,14 @@ int64_t cu_mm_group_bound(int64_t nslots, int64_t E)
 }
 
 td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int32_t *n_groups, int32_t *g_mat,
-                      int32_t *g_start, int32_t *g_count, int32_t *perm, cudaStream_t s, td_err *err)
+                      int32_t *g_start, int32_t *g_count, int32_t *perm, bool pdl, cudaStream_t s, td_err *err)
 {
     const size_t bytes = (size_t)group_off(nslots, E) * 4 + 64 * sizeof(long long);
     if (nslots < 1 || E < 1 || bytes > 227 * 1024 || nslots >= (1ll << 31) / 2)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: grouping %lld slots over %lld experts is outside the kernel's "
                                              "range", (long long)nslots, (long long)E);
-    k_group<<<1, GROUP_THREADS, bytes, s>>>(ids, nslots, E, (int)cu_mm_pack(nslots), n_groups, g_mat, g_start,
-                                            g_count, perm);
+    TD_CU_TRY(err, cu_launch(k_group, dim3(1), dim3(GROUP_THREADS), bytes, s, pdl, ids, nslots, E,
+                             (int)cu_mm_pack(nslots), n_groups, g_mat, g_start, g_count, perm));
     TD_CU_LAUNCHED(err, "k_group");
     return TD_OK;
 }
@@ -973,12 +1015,12 @@ static td_status launch(const mm_args &a, dim3 grid, cudaStream_t s, td_err *err
     if (smem > MM_SMEM_MAX)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: K = %lld needs %zu bytes of shared memory per block",
                           (long long)a.c.W.K, smem);
-    k_mm<WK, ACT, NTMAX><<<grid, MM_MAX_WARPS * 32, smem, s>>>(a);
+    TD_CU_TRY(err, cu_launch(k_mm<WK, ACT, NTMAX>, grid, dim3(MM_MAX_WARPS * 32), smem, s, a.c.pdl != 0, a));
     TD_CU_LAUNCHED(err, "k_mm");
     return TD_OK;
 }
 
-template <int WK, int ACT, int CH, int NT>
+template <int WK, int ACT, int CH, int NT, bool ONE = false>
 static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
 {
     typedef dec_sizes<WK, CH> Z;
@@ -998,17 +1040,8 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
     if (items > 0x7fffffff)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: %lld work items in one launch", (long long)items);
     const int64_t grid = items < (int64_t)sms * bps ? items : (int64_t)sms * bps;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)grid);
-    cfg.blockDim = dim3(MM_MAX_WARPS * 32);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute at = {};
-    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &at;
-    cfg.numAttrs = a.c.pdl ? 1 : 0;
-    TD_CU_TRY(err, cudaLaunchKernelEx(&cfg, k_dec<WK, ACT, CH, NT>, a, (int)tbx));
+    TD_CU_TRY(err, cu_launch(k_dec<WK, ACT, CH, NT, ONE>, dim3((unsigned)grid), dim3(MM_MAX_WARPS * 32), smem, s,
+                             a.c.pdl != 0, a, (int)tbx));
     TD_CU_LAUNCHED(err, "k_dec");
     return TD_OK;
 }
@@ -1022,7 +1055,13 @@ static td_status launch_nt(const mm_args &a, int ntmax, dim3 grid, cudaStream_t 
 template <int WK, int ACT>
 static td_status launch_dec_ch(const mm_args &a, bool c10, bool nt2, cudaStream_t s, td_err *err)
 {
-    if (c10) return nt2 ? launch_dec<WK, ACT, 10, 2>(a, s, err) : launch_dec<WK, ACT, 10, 1>(a, s, err);
+    /* direct dispatch: groups of one slot */
+    const bool one = !a.c.perm && a.c.pack == 1;
+    if (c10) {
+        if (one) return launch_dec<WK, ACT, 10, 1, true>(a, s, err);
+        return nt2 ? launch_dec<WK, ACT, 10, 2>(a, s, err) : launch_dec<WK, ACT, 10, 1>(a, s, err);
+    }
+    if (one) return launch_dec<WK, ACT, 5, 1, true>(a, s, err);
     return nt2 ? launch_dec<WK, ACT, 5, 2>(a, s, err) : launch_dec<WK, ACT, 5, 1>(a, s, err);
 }
 

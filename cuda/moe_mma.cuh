@@ -17,8 +17,9 @@
  *   magnitude bits sit at bits m..m+2 and its sign bit at bit s, (m, s) = (9, 15), (0, 6),
  *   (3, 7), (12, 8) for J = 0..3, plus 16 for j >= 4: register 0 is then in FP16 position
  *   already and the others one or two shifts away.
- * - prepared scales: FP16 effective scales [rt][ks][row 0..15][2 blocks]; raw scales: the
- *   checkpoint's E4M3 bytes in the same order, plus one float2 per matrix (decode multipliers of
+ * - prepared scales: FP16 effective scales [rt][ks][g 0..7][row g, g+8][2 blocks] (lane
+ *   group g reads its two rows' four scales with one 8-byte load); raw scales: the
+ *   checkpoint's E4M3 bytes in the same order (one 4-byte load), plus one float2 per matrix (decode multipliers of
  *   tile rows 0..7 and 8..15: gate and up for W13, the same value twice for W2).
  * - BF16 weights: per (rt, ks, lane) two uint4, one per block, holding the A-fragment registers
  *   (g, 2q..2q+1), (g+8, 2q..), (g, 2q+8..), (g+8, 2q+8..).
@@ -111,7 +112,7 @@ td_status cu_mm_init(td_err *err);
 int64_t cu_mm_pack(int64_t nslots);
 int64_t cu_mm_group_bound(int64_t nslots, int64_t E);
 td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int32_t *n_groups, int32_t *g_mat,
-                      int32_t *g_start, int32_t *g_count, int32_t *perm, cudaStream_t s, td_err *err);
+                      int32_t *g_start, int32_t *g_count, int32_t *perm, bool pdl, cudaStream_t s, td_err *err);
 
 typedef enum cu_mm_epi { CU_MM_SWIGLU = 0, CU_MM_STORE, CU_MM_F32 } cu_mm_epi;
 
@@ -140,10 +141,12 @@ typedef struct cu_mm_call {
     int64_t out_ld, out_n;
     int epi, act;
     int generic;                 /* 1: always k_mm (the decode kernel k_dec is never used) */
-    int pdl;                     /* 1: the decode kernel may start while the previous kernel on
-                                    the stream runs (programmatic dependent launch): the routes
-                                    and groups must come from earlier work, only in16 from that
-                                    kernel (k_mm ignores it) */
+    int pdl;                     /* programmatic dependent launch (common.cuh): 0 none; 2 the
+                                    kernel may start while the previous kernel on the stream
+                                    runs and waits for it first; 1 the same, but the decode
+                                    kernel loads its first weights before it waits: the routes
+                                    and groups must come from earlier work, only in16 from
+                                    that kernel (k_mm waits first either way) */
 } cu_mm_call;
 
 td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err);

@@ -53,11 +53,20 @@ sanitize)
   t memcheck_raw compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --experts 64 --M 3,17 --iters 3 --sets 2 --act bf16 --storage raw --tp 4
   t racecheck compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 512 --inter 256 --shared 256 --M 1,9 --iters 2 --sets 1 --act fp16 --dispatch grouped ;;
 profile)
-  for f in k_dec k_mm; do cuobjdump -sass -fun "$f" $B/moe_decode > "$out/logs/sass_$f.txt" 2>&1; done
+  # machine code of every instance of the two expert kernels (names are mangled: filter by header)
+  cuobjdump -sass $B/moe_decode > "$out/logs/sass_all.txt" 2>&1
+  awk '/Function : /{p = ($0 ~ /k_dec|k_mm/)} p' "$out/logs/sass_all.txt" > "$out/logs/sass_experts.txt"
+  rm -f "$out/logs/sass_all.txt"
+  # every kernel of one block call, timed alone (serialized by the profiler): where the time goes
+  for m in 1 16; do
+    t ncu_block_M$m ncu --clock-control none --metrics gpu__time_duration.sum,sm__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active \
+      $B/moe_decode --no-cublas --M $m --iters 1 --sets 1 --act fp16
+  done
   for kn in fast generic; do
     t ncu_$kn ncu --clock-control none --kernel-name regex:'k_dec|k_mm|k_route' --launch-count 8 \
       --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
       --section LaunchStats --section InstructionStats \
+      --metrics sass__inst_executed_per_opcode,smsp__pcsamp_warps_issue_stalled_long_scoreboard,smsp__pcsamp_warps_issue_stalled_barrier \
       $B/moe_decode --no-cublas --M 1 --iters 3 --sets 2 --act fp16 --kernels $kn
   done ;;
 esac; done

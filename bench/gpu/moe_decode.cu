@@ -15,7 +15,10 @@
  * experts and the 50 MB L2 cannot hold the weights of the next call.
  *
  * Per M, one CUDA graph per route set is captured and the graphs are replayed in rotation;
- * each call is bracketed by events and the median over `--iters` calls is reported:
+ * each call is bracketed by events and the median over `--iters` calls is reported (and,
+ * "chained", one graph holding the calls of all route sets back to back, as consecutive layers
+ * sit in one graph of a model forward: its median replay time over the number of sets, the
+ * time per call without a graph launch per call):
  *   block   round, router GEMV, routing, [grouping,] shared gate, W13+SwiGLU, W2, shared
  *           expert, combine: the whole MoE block (the router's routes are computed and
  *           discarded so that the imposed ones drive the experts)
@@ -343,6 +346,7 @@ static double copy_bandwidth(cudaStream_t s)
 typedef struct row {
     int64_t M, distinct;
     double block, routed, cublas, floor_routed, floor_block, router, route;
+    double chain_block, chain_routed, chain_cublas; /* per call, all route sets in one graph */
 } row;
 
 int main(int argc, char **argv)
@@ -580,60 +584,79 @@ int main(int argc, char **argv)
     for (int64_t M : o.Ms) {
         std::vector<cudaGraphExec_t> gb, gr, gc, gq, gt;
         int64_t distinct_sum = 0;
+        auto enqueue = [&](int part, int si) {
+            cu_block_ws wsi = ws;
+            wsi.ids = sets[(size_t)si];
+            if (part == 0) {
+                /* the engine's block with these routes; the routing kernel still runs at
+                 * its place on the router's logits (its routes discarded), so that its
+                 * cost is counted */
+                wsi.ids_discard = ids_scratch;
+                wsi.wts_discard = wts_scratch;
+                TRYE(cu_moe_block(&shape, &bw, &wsi, CU_BLOCK_MOE, true, M, &err), err);
+            } else if (part == 1) {
+                TRYE(cu_moe_block(&shape, &bw, &wsi, CU_BLOCK_ROUTED, true, M, &err), err);
+            } else if (part == 3) {
+                TRYE(cu_moe_block(&shape, &bw, &wsi, CU_BLOCK_ROUTER, false, M, &err), err);
+            } else if (part == 4) {
+                TRYE(cu_moe_route(ws.logits, ws.lg_ld, M, E, k, true, ids_scratch, wts_scratch, o.generic, false, s, &err), err);
+            } else {
+                /* cuBLAS baseline: BF16 weights; routed experts batched over the slots */
+                const float one = 1.0f, zero = 0.0f;
+                const int n = (int)(M * k);
+                TRYE(cu_moe_round(ws.x, ws.xa, M * H, o.act, s, &err), err);
+                k_to_bf16<<<(unsigned)((M * H + 255) / 256), 256, 0, s>>>(ws.xa, xb, M * H);
+                gemm_rowmajor(&bl, brouter, xb, ws.logits, (int)(E + 1), (int)M, (int)H);
+                TRYE(cu_moe_route(ws.logits, ws.lg_ld, M, E, k, true, ids_scratch, wts_scratch, o.generic, false, s, &err), err);
+                BL(bl.gemm_batched(bl.h, CUBLAS_OP_T, CUBLAS_OP_N, (int)(2 * il), 1, (int)H, &one,
+                                   (const void *const *)parr_w13[(size_t)si], CUDA_R_16BF, (int)H,
+                                   (const void *const *)parr_x[(size_t)si], CUDA_R_16BF, (int)H, &zero,
+                                   parr_h[(size_t)si], CUDA_R_32F, (int)(2 * il), n, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
+                k_swiglu_bf16<<<(unsigned)((n * il + 255) / 256), 256, 0, s>>>(h13, ab, n, il);
+                BL(bl.gemm_batched(bl.h, CUBLAS_OP_T, CUBLAS_OP_N, (int)H, 1, (int)il, &one,
+                                   (const void *const *)parr_w2[(size_t)si], CUDA_R_16BF, (int)il,
+                                   (const void *const *)parr_a[(size_t)si], CUDA_R_16BF, (int)il, &zero,
+                                   parr_y[(size_t)si], CUDA_R_32F, (int)H, n, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
+                gemm_rowmajor(&bl, bsh13, xb, shh, (int)(2 * isl), (int)M, (int)H);
+                k_swiglu_bf16<<<(unsigned)((M * isl + 255) / 256), 256, 0, s>>>(shh, shab, M, isl);
+                gemm_rowmajor(&bl, bsh2, shab, ws.sh_out, (int)H, (int)M, (int)isl);
+                TRYE(cu_moe_combine(ws.wts, ws.eout, k, ws.logits + E, ws.lg_ld, ws.sh_out, M, H, o.act, 0, ws.out, false,
+                                    s, &err),
+                     err);
+            }
+        };
         for (int si = 0; si < o.sets; si++) {
-            int32_t *ids = sets[(size_t)si];
             std::vector<char> seen((size_t)E, 0);
             for (int64_t sl = 0; sl < M * k; sl++)
                 if (!seen[(size_t)hsets[(size_t)si][(size_t)sl]]) seen[(size_t)hsets[(size_t)si][(size_t)sl]] = 1, distinct_sum++;
-            for (int part = 0; part < 5; part++) {
+            for (int part = 0; part < 3; part++) {
                 if (part == 2 && (!have_blas || M > Mb)) continue;
                 cudaGraph_t graph;
-                cu_block_ws wsi = ws;
-                wsi.ids = ids;
                 CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-                if (part == 0) {
-                    /* the engine's block with these routes, plus the routing kernel on the
-                     * router's logits (its routes discarded) so that its cost is counted */
-                    TRYE(cu_moe_route(ws.logits, ws.lg_ld, M, E, k, true, ids_scratch, wts_scratch, s, &err), err);
-                    TRYE(cu_moe_block(&shape, &bw, &wsi, CU_BLOCK_MOE, true, M, &err), err);
-                } else if (part == 1) {
-                    TRYE(cu_moe_block(&shape, &bw, &wsi, CU_BLOCK_ROUTED, true, M, &err), err);
-                } else if (part == 3) {
-                    TRYE(cu_moe_block(&shape, &bw, &wsi, CU_BLOCK_ROUTER, false, M, &err), err);
-                } else if (part == 4) {
-                    TRYE(cu_moe_route(ws.logits, ws.lg_ld, M, E, k, true, ids_scratch, wts_scratch, s, &err), err);
-                } else {
-                    /* cuBLAS baseline: BF16 weights; routed experts batched over the slots */
-                    const float one = 1.0f, zero = 0.0f;
-                    const int n = (int)(M * k);
-                    TRYE(cu_moe_round(ws.x, ws.xa, M * H, o.act, s, &err), err);
-                    k_to_bf16<<<(unsigned)((M * H + 255) / 256), 256, 0, s>>>(ws.xa, xb, M * H);
-                    gemm_rowmajor(&bl, brouter, xb, ws.logits, (int)(E + 1), (int)M, (int)H);
-                    TRYE(cu_moe_route(ws.logits, ws.lg_ld, M, E, k, true, ids_scratch, wts_scratch, s, &err), err);
-                    BL(bl.gemm_batched(bl.h, CUBLAS_OP_T, CUBLAS_OP_N, (int)(2 * il), 1, (int)H, &one,
-                                       (const void *const *)parr_w13[(size_t)si], CUDA_R_16BF, (int)H,
-                                       (const void *const *)parr_x[(size_t)si], CUDA_R_16BF, (int)H, &zero,
-                                       parr_h[(size_t)si], CUDA_R_32F, (int)(2 * il), n, CUBLAS_COMPUTE_32F,
-                                       CUBLAS_GEMM_DEFAULT));
-                    k_swiglu_bf16<<<(unsigned)((n * il + 255) / 256), 256, 0, s>>>(h13, ab, n, il);
-                    BL(bl.gemm_batched(bl.h, CUBLAS_OP_T, CUBLAS_OP_N, (int)H, 1, (int)il, &one,
-                                       (const void *const *)parr_w2[(size_t)si], CUDA_R_16BF, (int)il,
-                                       (const void *const *)parr_a[(size_t)si], CUDA_R_16BF, (int)il, &zero,
-                                       parr_y[(size_t)si], CUDA_R_32F, (int)H, n, CUBLAS_COMPUTE_32F,
-                                       CUBLAS_GEMM_DEFAULT));
-                    gemm_rowmajor(&bl, bsh13, xb, shh, (int)(2 * isl), (int)M, (int)H);
-                    k_swiglu_bf16<<<(unsigned)((M * isl + 255) / 256), 256, 0, s>>>(shh, shab, M, isl);
-                    gemm_rowmajor(&bl, bsh2, shab, ws.sh_out, (int)H, (int)M, (int)isl);
-                    TRYE(cu_moe_combine(ws.wts, ws.eout, k, ws.logits + E, ws.lg_ld, ws.sh_out, M, H, o.act, 0, ws.out,
-                                        s, &err),
-                         err);
-                }
+                enqueue(part, si);
                 CK(cudaStreamEndCapture(s, &graph));
                 cudaGraphExec_t ex;
                 CK(cudaGraphInstantiate(&ex, graph, 0));
                 CK(cudaGraphDestroy(graph));
-                (part == 0 ? gb : part == 1 ? gr : part == 2 ? gc : part == 3 ? gq : gt).push_back(ex);
+                (part == 0 ? gb : part == 1 ? gr : gc).push_back(ex);
             }
+        }
+        /* chains: every route set's call back to back in one graph (as the layers of a model
+         * forward follow each other in one graph): the time per call without one graph launch
+         * per call */
+        std::vector<cudaGraphExec_t> cb, cr, cc;
+        for (int part = 0; part < 5; part++) {
+            if (part == 2 && (!have_blas || M > Mb)) continue;
+            cudaGraph_t graph;
+            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            for (int si = 0; si < o.sets; si++) enqueue(part, si);
+            CK(cudaStreamEndCapture(s, &graph));
+            cudaGraphExec_t ex;
+            CK(cudaGraphInstantiate(&ex, graph, 0));
+            CK(cudaGraphDestroy(graph));
+            (part == 0 ? cb : part == 1 ? cr : part == 2 ? cc : part == 3 ? gq : gt).push_back(ex);
         }
         row r;
         memset(&r, 0, sizeof r);
@@ -642,14 +665,18 @@ int main(int argc, char **argv)
         r.block = time_graphs(gb, o.iters, s);
         r.routed = time_graphs(gr, o.iters, s);
         r.cublas = gc.empty() ? NAN : time_graphs(gc, o.iters, s);
-        r.router = time_graphs(gq, o.iters, s);
-        r.route = time_graphs(gt, o.iters, s);
+        const int chain_iters = std::max(10, o.iters / o.sets);
+        r.router = time_graphs(gq, chain_iters, s) / o.sets;
+        r.route = time_graphs(gt, chain_iters, s) / o.sets;
+        r.chain_block = time_graphs(cb, chain_iters, s) / o.sets;
+        r.chain_routed = time_graphs(cr, chain_iters, s) / o.sets;
+        r.chain_cublas = cc.empty() ? NAN : time_graphs(cc, chain_iters, s) / o.sets;
         const double act_b = 2.0 * (double)(M * H) * 4.0;
         const double dist = (double)distinct_sum / o.sets;
         r.floor_routed = (dist * (e13 + e2) + act_b) / copy_bw * 1e6;
         r.floor_block = (dist * (e13 + e2) + act_b + router_b + shared_b) / copy_bw * 1e6;
         rows.push_back(r);
-        for (auto *v : {&gb, &gr, &gc, &gq, &gt})
+        for (auto *v : {&gb, &gr, &gc, &gq, &gt, &cb, &cr, &cc})
             for (auto e : *v) CK(cudaGraphExecDestroy(e));
         if (!o.json)
             fprintf(stderr, "M=%lld done\n", (long long)M);
@@ -667,10 +694,12 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < rows.size(); i++) {
             const row &r = rows[i];
             printf("%s{\"M\": %lld, \"experts\": %lld, \"block_us\": %.2f, \"routed_us\": %.2f, "
-                   "\"routed_floor_us\": %.2f, \"block_floor_us\": %.2f, \"cublas_us\": %s%.2f%s}",
+                   "\"routed_floor_us\": %.2f, \"block_floor_us\": %.2f, \"cublas_us\": %s%.2f%s, "
+                   "\"chain_block_us\": %.2f, \"chain_routed_us\": %.2f, \"chain_cublas_us\": %s%.2f%s}",
                    i ? ", " : "", (long long)r.M, (long long)r.distinct, r.block, r.routed, r.floor_routed,
                    r.floor_block, isnan(r.cublas) ? "\"" : "", isnan(r.cublas) ? 0.0 : r.cublas,
-                   isnan(r.cublas) ? "\"" : "");
+                   isnan(r.cublas) ? "\"" : "", r.chain_block, r.chain_routed, isnan(r.chain_cublas) ? "\"" : "",
+                   isnan(r.chain_cublas) ? 0.0 : r.chain_cublas, isnan(r.chain_cublas) ? "\"" : "");
         }
         printf("]}\n");
     } else {
@@ -684,8 +713,15 @@ int main(int argc, char **argv)
             printf("%5lld %7lld %10.2f %10.2f %11.2f %8.1f%% %11.2f %8.1f%% %10.2f %7.2fx\n", (long long)r.M,
                    (long long)r.distinct, r.block, r.routed, r.floor_routed, 100.0 * r.floor_routed / r.routed,
                    r.floor_block, 100.0 * r.floor_block / r.block, r.cublas, r.cublas / r.block);
-        printf("parts (us): M, round+router+gate graph, routing kernel graph\n");
+        printf("parts (us per call, chained): M, round + router + gate, routing kernel\n");
         for (const row &r : rows) printf("  %5lld %10.2f %10.2f\n", (long long)r.M, r.router, r.route);
+        printf("chained (us per call, the %d route sets back to back in one graph):\n", o.sets);
+        printf("%5s %10s %10s %9s %9s %10s %8s\n", "M", "block_us", "routed_us", "rt_%bw", "blk_%bw", "cublas_us",
+               "speedup");
+        for (const row &r : rows)
+            printf("%5lld %10.2f %10.2f %8.1f%% %8.1f%% %10.2f %7.2fx\n", (long long)r.M, r.chain_block,
+                   r.chain_routed, 100.0 * r.floor_routed / r.chain_routed, 100.0 * r.floor_block / r.chain_block,
+                   r.chain_cublas, r.chain_cublas / r.chain_block);
     }
     if (o.db) {
         td_db *db;
@@ -707,7 +743,8 @@ int main(int argc, char **argv)
             } t[] = {{"moe_decode.block", r.block},     {"moe_decode.routed", r.routed},
                      {"moe_decode.router", r.router},   {"moe_decode.route", r.route},
                      {"moe_decode.cublas_bf16", r.cublas}, {"moe_decode.routed_floor", r.floor_routed},
-                     {"moe_decode.block_floor", r.floor_block}};
+                     {"moe_decode.block_floor", r.floor_block}, {"moe_decode.chain_block", r.chain_block},
+                     {"moe_decode.chain_routed", r.chain_routed}, {"moe_decode.chain_cublas_bf16", r.chain_cublas}};
             for (const auto &x : t) {
                 if (isnan(x.v)) continue;
                 td_db_timing_row tr;

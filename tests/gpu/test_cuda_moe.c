@@ -514,18 +514,18 @@ static void cuda_decode_kernel(void **state)
     mf_free(&m);
 }
 
-/* The routing kernel beyond the production shape: more experts than its 512 threads (three
- * per thread, a count that is no power of two) against ref's top-k ids; and a token whose
- * logits are all NaN (a NaN input element), which takes the kernel's arg-best rounds: the
+/* Both routing kernels against ref: the block kernel beyond the production shape (more
+ * experts than its 512 threads: three per thread, a count that is no power of two) and the
+ * one-warp kernel (E <= 512, k <= 32; 96 experts: three per lane) against ref's top-k ids;
+ * and a token whose logits are all NaN (a NaN input element), which takes the NaN branch: the
  * reference ranks NaN last with lower index first, so that token's slots hold experts 0..k-1,
  * and the other tokens are unaffected. */
-static void cuda_routing(void **state)
+static void routing_case(const char *name, int64_t experts)
 {
-    (void)state;
     mf_opts o;
-    shape(&o, 28, 64, 1100, 12, 32, 32);
+    shape(&o, 28, 64, experts, 12, 32, 32);
     mf_model m;
-    const char *dir = fixture_or_skip("gpu_route", &o, &m);
+    const char *dir = fixture_or_skip(name, &o, &m);
     for (int64_t M = 1; M <= 65; M += 32) compare(dir, "ref:scale=fp16", "cuda:act_dtype=fp32", 1e-5, 0, M, -1, "route");
     /* NaN token */
     td_engine *er = load(dir, "ref:scale=fp16"), *ec = load(dir, "cuda:act_dtype=fp32");
@@ -571,6 +571,13 @@ static void cuda_routing(void **state)
     free(yr);
     free(yc);
     mf_free(&m);
+}
+
+static void cuda_routing(void **state)
+{
+    (void)state;
+    routing_case("gpu_route", 1100);
+    routing_case("gpu_route_warp", 96);
 }
 
 static void cuda_rejects(void **state)
