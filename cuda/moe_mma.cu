@@ -561,17 +561,20 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, NTMAX == 1 ? 3 : 2) k_mm(mm
  * k_dec: k_mm's arithmetic for NT 8-token tiles (one or two) and chunks of exactly CH steps,
  * each warp computing whole row tiles (its NC chunks one after the other, added in chunk
  * order: k_mm's unsplit mode, the same bits as its split mode). Persistent: a grid of a few
- * blocks per SM, each block taking a contiguous range of items (item = group x 8 row tiles,
+ * blocks per SM, each block taking a contiguous range of items (item = group x DW row tiles,
  * one per warp; ranges differ by at most one item). Every warp streams its chunks through a
  * ring of DEC_STAGES buffers of its own, filled by the bulk-copy engine: while it computes one
  * chunk from shared memory, the next ones (of this tile or of its tile in the next item) are
  * on their way, so no block barrier is needed except where the walk enters a new group and
  * the group's input rows are staged. */
 
-/* Blocks per SM the decode kernel is built for (registers), at most: NT = 1 / NT = 2. */
+/* Blocks per SM the decode kernel is built for (registers), at most, and warps per block:
+ * NT = 1: 3 blocks of 8 warps; NT = 2 (whose staged rows take most of the shared memory, so
+ * one block fits per SM): 1 block of 16 warps. */
 #define DEC_BLOCKS 3
 template <int NT> struct dec_occupancy {
     static constexpr int blocks = NT == 1 ? DEC_BLOCKS : 1;
+    static constexpr int warps = NT == 1 ? 8 : 16;
 };
 /* Chunk buffers per warp: DEC_STAGES - 1 chunks are in flight while one is computed (at most
  * 32: one mbarrier per buffer, phases kept in one word). Deeper rings for grids of one or two
@@ -585,7 +588,6 @@ template <int WK, int CH> struct dec_sizes {
     static constexpr int w = CH * 256;
     static constexpr int s = CH * (WK == 0 ? 64 : 32);
     static constexpr int chunk = w + s;
-    static constexpr int bufs = MM_MAX_WARPS * DEC_STAGES * chunk; /* a ring of DEC_STAGES per warp */
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -624,7 +626,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t phase)
     } while (!done);
 }
 
-/* A block's walk over its items: group g (matrix, slots) and block of 8 row tiles tb. The
+/* A block's walk over its items: group g (matrix, slots) and block of DW row tiles tb. The
  * group lookup (a global load) runs only when the walk enters a new group. */
 struct dec_pos {
     int g, tb, count, slot0;
@@ -674,7 +676,7 @@ __device__ __forceinline__ void dec_issue(const uint8_t *gw, const uint8_t *gs, 
 
 /* A warp's issue cursor: the chunk it issues next (chunk ch of row tile rt of item it of the
  * block's range [.., it1)), its sources, and the walk. */
-template <int WK, int CH> struct dec_stream {
+template <int WK, int CH, int DW> struct dec_stream {
     dec_pos pos;
     int it, it1, ch, rt;
     const uint8_t *gw, *gs;
@@ -685,7 +687,7 @@ template <int WK, int CH> struct dec_stream {
         it = first;
         it1 = last;
         ch = 0;
-        rt = pos.tb * MM_MAX_WARPS + warp;
+        rt = pos.tb * DW + warp;
         dec_src<WK, CH>(a, pos, rt, gw, gs);
     }
     __device__ __forceinline__ bool more(void) const { return it < it1; }
@@ -700,7 +702,7 @@ template <int WK, int CH> struct dec_stream {
             ch = 0;
             if (++it < it1) {
                 pos = dec_next(a, pos, tbx);
-                rt = pos.tb * MM_MAX_WARPS + warp;
+                rt = pos.tb * DW + warp;
                 dec_src<WK, CH>(a, pos, rt, gw, gs);
             }
         }
@@ -777,17 +779,18 @@ __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, co
 
 /* ONE: every group has one slot (direct dispatch), NT = 1. */
 template <int WK, int ACT, int CH, int NT, bool ONE = false>
-__global__ void __launch_bounds__(MM_MAX_WARPS * 32, dec_occupancy<NT>::blocks)
+__global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<NT>::blocks)
     k_dec(mm_args a, int tbx)
 {
     typedef dec_sizes<WK, CH> Z;
+    constexpr int DW = dec_occupancy<NT>::warps;
     extern __shared__ uint4 dec_sh[];
-    __shared__ uint64_t bars[MM_MAX_WARPS][DEC_STAGES];
+    __shared__ uint64_t bars[DW][DEC_STAGES];
     const cu_mm_call &c = a.c;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     uint8_t *ring = reinterpret_cast<uint8_t *>(dec_sh) + warp * DEC_STAGES * Z::chunk; /* this warp's buffers */
     uint64_t *bar = bars[warp];
-    uint32_t *xs = reinterpret_cast<uint32_t *>(reinterpret_cast<uint8_t *>(dec_sh) + Z::bufs);
+    uint32_t *xs = reinterpret_cast<uint32_t *>(reinterpret_cast<uint8_t *>(dec_sh) + DW * DEC_STAGES * Z::chunk);
     const int NC = a.geo.NC, RT = (int)(c.W.R / 16);
     /* pdl 1 (early loads): the routes and groups are complete before this kernel starts, so it
      * lets its dependents launch, issues its first weight chunks, and waits for its
@@ -799,7 +802,7 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, dec_occupancy<NT>::blocks)
         cu_pdl_wait();
         cu_pdl_release();
     }
-    /* items: groups x blocks of 8 row tiles, item = g * tbx + tb; this block's contiguous share */
+    /* items: groups x blocks of DW row tiles, item = g * tbx + tb; this block's contiguous share */
     const int groups = c.perm ? *c.n_groups : (int)((c.nslots + c.pack - 1) / c.pack);
     const int n_items = groups * tbx;
     const int it0 = (int)((int64_t)blockIdx.x * n_items / gridDim.x);
@@ -815,7 +818,7 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, dec_occupancy<NT>::blocks)
     /* chunk k of this warp's stream lives in buffer k % DEC_STAGES; the issue cursor runs
      * DEC_STAGES chunks ahead of the computed one; a padding tile (rt >= RT) is neither issued
      * nor waited for */
-    dec_stream<WK, CH> is;
+    dec_stream<WK, CH, DW> is;
     is.start(a, cur, it0, it1, warp);
     for (int st = 0; st < DEC_STAGES && is.more(); st++) is.issue(a, tbx, warp, lane, ring + st * Z::chunk, &bar[st]);
     if (early) cu_pdl_wait();
@@ -823,7 +826,7 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, dec_occupancy<NT>::blocks)
     int slot = 0;
     uint32_t phases = 0; /* bit s: the phase buffer s waits for next */
     for (int it = it0; it < it1; it++) {
-        const int rt = cur.tb * MM_MAX_WARPS + warp;
+        const int rt = cur.tb * DW + warp;
         const bool live = rt < RT;
         float v[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         for (int ch = 0; ch < NC; ch++) {
@@ -1024,7 +1027,8 @@ template <int WK, int ACT, int CH, int NT, bool ONE = false>
 static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
 {
     typedef dec_sizes<WK, CH> Z;
-    const size_t smem = (size_t)Z::bufs + (size_t)a.xrows * (size_t)a.geo.xs_w * 4;
+    constexpr int DW = dec_occupancy<NT>::warps;
+    const size_t smem = (size_t)DW * DEC_STAGES * Z::chunk + (size_t)a.xrows * (size_t)a.geo.xs_w * 4;
     if (smem > MM_SMEM_MAX)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: K = %lld needs %zu bytes of shared memory per block",
                           (long long)a.c.W.K, smem);
@@ -1035,12 +1039,12 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
     int bps = (int)((227 * 1024) / (smem + 1024));
     if (bps > dec_occupancy<NT>::blocks) bps = dec_occupancy<NT>::blocks;
     if (bps < 1) bps = 1;
-    const int64_t tbx = (a.c.W.R / 16 + MM_MAX_WARPS - 1) / MM_MAX_WARPS;
+    const int64_t tbx = (a.c.W.R / 16 + DW - 1) / DW;
     const int64_t items = a.c.max_groups * tbx;
     if (items > 0x7fffffff)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: %lld work items in one launch", (long long)items);
     const int64_t grid = items < (int64_t)sms * bps ? items : (int64_t)sms * bps;
-    TD_CU_TRY(err, cu_launch(k_dec<WK, ACT, CH, NT, ONE>, dim3((unsigned)grid), dim3(MM_MAX_WARPS * 32), smem, s,
+    TD_CU_TRY(err, cu_launch(k_dec<WK, ACT, CH, NT, ONE>, dim3((unsigned)grid), dim3(DW * 32), smem, s,
                              a.c.pdl != 0, a, (int)tbx));
     TD_CU_LAUNCHED(err, "k_dec");
     return TD_OK;
