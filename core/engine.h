@@ -19,7 +19,7 @@
  *   threads=N|auto (auto = every online CPU), fault=none|nibble_order|reciprocal_global|
  *   gate_up_swap|no_renorm|tp_slice (a planted bug for audit self-tests; never for results),
  *   kernels=fast|generic (generic: an engine's specialised fast kernels are replaced by the
- *   general ones they must match bit for bit; the cuda engine's decode kernel).
+ *   general ones they must match bit for bit; the cuda engine's decode and routing kernels).
  *   td_engine_find(name)->options says which options an engine accepts.
  * - td_variant_format() writes the canonical text: the engine, then every option that differs
  *   from its default, in the order above. Two variants with the same canonical text compute

@@ -53,10 +53,11 @@
  * 640 and the TP slices 160) run on k_dec, which computes the same sums in the same order (so
  * the same bits): each warp computes whole row tiles (k_mm's unsplit order), streaming its
  * chunks of weights and scales into shared memory through the bulk-copy engine, a ring of
- * DEC_STAGES buffers per warp, while it computes the chunk before; blocks are persistent and
- * take contiguous ranges of (group, 8 row tiles) items. With `pdl` a k_dec launch may start
- * while the previous kernel runs (W2 loads its weights while W13 computes). `generic` keeps
- * every call on k_mm, so the two can be compared.
+ * DEC_STAGES buffers per warp, while it computes the chunk before; blocks are persistent (8
+ * warps for one 8-token tile, 16 for two) and take contiguous ranges of (group, one row tile
+ * per warp) items. With `pdl` a launch may start while the previous kernel runs (W2 loads its
+ * weights while W13 computes). `generic` keeps every call on k_mm, so the two can be
+ * compared.
  *
  * Groups: a group is one expert (matrix) and up to CU_MM_PACK slots. Direct dispatch: group g
  * is slot g alone. Grouped dispatch: cu_mm_group() sorts slots by expert (ascending expert,
