@@ -418,13 +418,15 @@ __device__ __forceinline__ void mm_compute(const mm_args &a, int64_t mat, int ba
 /* Partial sums of steps [k0, k1) of row tile rt for NT n-tiles (acc from +0); with `stage`,
  * the block stages the inputs once the first weights are on their way. WK: 0 NVFP4
  * prepared, 1 NVFP4 raw, 2 BF16. */
-template <int WK, int ACT, int NT>
+template <int WK, int ACT, int NT, int NTMAX>
 __device__ __forceinline__ void mm_chunk(const mm_args &a, int64_t mat, int64_t rt, int k0, int k1, int count,
                                          uint32_t *xs, const int32_t *plist, int64_t slot0, bool stage, int lane,
                                          float acc[2][4])
 {
     constexpr bool SPLIT = WK == 2 && ACT == 1;
-    constexpr int PF = WK == 2 ? 4 : WK == 1 && NT == 1 ? 6 : MM_PREFETCH;
+    /* BF16 in a one-tile kernel (the router and shared expert at decode sizes, grids of at most
+     * a block per SM): a whole chunk's weights in registers at once */
+    constexpr int PF = WK == 2 ? (NTMAX == 1 ? MM_PREFETCH : 4) : WK == 1 && NT == 1 ? 6 : MM_PREFETCH;
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -501,7 +503,7 @@ __device__ __forceinline__ bool mm_group(const mm_args &a, int64_t gy, int64_t &
 /* ==== kernels ================================================================================ */
 
 template <int WK, int ACT, int NTMAX>
-__global__ void __launch_bounds__(MM_MAX_WARPS * 32, NTMAX == 1 ? 3 : 2) k_mm(mm_args a)
+__global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 : NTMAX == 1 ? 3 : 2) k_mm(mm_args a)
 {
     __shared__ float red[MM_MAX_WARPS][2][4][32];
     extern __shared__ uint4 xs_raw[];
@@ -524,8 +526,8 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, NTMAX == 1 ? 3 : 2) k_mm(mm
     if (a.split) {
         int k0 = kw * chunk, k1 = k0 + chunk < KS ? k0 + chunk : KS;
         if (!live || k1 < k0) k1 = k0;
-        if (ntn == 1) mm_chunk<WK, ACT, 1>(a, mat, rt, k0, k1, count, xs, plist, slot0, true, lane, v);
-        else mm_chunk<WK, ACT, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, true, lane, v);
+        if (ntn == 1) mm_chunk<WK, ACT, 1, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, true, lane, v);
+        else mm_chunk<WK, ACT, NTMAX, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, true, lane, v);
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -543,8 +545,8 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, NTMAX == 1 ? 3 : 2) k_mm(mm
             int k0 = ch * chunk, k1 = k0 + chunk < KS ? k0 + chunk : KS;
             if (!live || k1 < k0) k1 = k0;
             float p[2][4];
-            if (ntn == 1) mm_chunk<WK, ACT, 1>(a, mat, rt, k0, k1, count, xs, plist, slot0, ch == 0, lane, p);
-            else mm_chunk<WK, ACT, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, ch == 0, lane, p);
+            if (ntn == 1) mm_chunk<WK, ACT, 1, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, ch == 0, lane, p);
+            else mm_chunk<WK, ACT, NTMAX, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, ch == 0, lane, p);
             for (int nt = 0; nt < 2; nt++)
                 for (int e = 0; e < 4; e++) v[nt][e] = ch == 0 ? p[nt][e] : __fadd_rn(v[nt][e], p[nt][e]);
         }
