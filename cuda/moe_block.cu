@@ -38,8 +38,8 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
         m.in_div = k;
     } else {
         m.nslots = Mc;
-        m.pack = CU_MM_PACK;
-        m.max_groups = (Mc + CU_MM_PACK - 1) / CU_MM_PACK;
+        m.pack = cu_mm_pack(Mc); /* decode sizes: 8-token groups, one tile each */
+        m.max_groups = (Mc + m.pack - 1) / m.pack;
         m.in_div = 1;
     }
     m.in16 = ws->xa16;
@@ -97,8 +97,8 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
         m.W = ly->router_q;
         m.mats_per_expert = 1;
         m.nslots = Mc;
-        m.pack = CU_MM_PACK;
-        m.max_groups = (Mc + CU_MM_PACK - 1) / CU_MM_PACK;
+        m.pack = cu_mm_pack(Mc); /* decode sizes: 8-token groups, one tile each */
+        m.max_groups = (Mc + m.pack - 1) / m.pack;
         m.in16 = c->xa16;
         m.in_ld = H;
         m.in_div = 1;

@@ -62,7 +62,8 @@
  * Groups: a group is one expert (matrix) and up to CU_MM_PACK slots. Direct dispatch: group g
  * is slot g alone. Grouped dispatch: cu_mm_group() sorts slots by expert (ascending expert,
  * ascending slot inside an expert) and cuts each expert's list into packs of cu_mm_pack() slots.
- * Range groups (shared expert): group g = slots g*CU_MM_PACK .. on matrix 0.
+ * Range groups (shared expert, router): group g = slots g*P .. g*P+P-1 on matrix 0, P =
+ * cu_mm_pack(tokens) (8 for decode-sized calls, so that each group is one 8-token tile).
  *
  * Contract: launchers enqueue on `s`, check the launch and return a td_status; they neither
  * allocate nor synchronize. cu_mm_init() must run once per device before the first launch
@@ -120,7 +121,7 @@ typedef enum cu_mm_epi { CU_MM_SWIGLU = 0, CU_MM_STORE, CU_MM_F32 } cu_mm_epi;
 /* One projection over groups.
  * - mat_of_expert: matrix index = expert * mats_per_expert + mat_off.
  * - groups: perm == NULL -> range groups (g covers slots g*pack .. g*pack+pack-1 < nslots,
- *   pack = 1 for direct dispatch with `ids`, CU_MM_PACK for shared experts with ids == NULL);
+ *   pack = 1 for direct dispatch with `ids`, cu_mm_pack(slots) for shared experts with ids == NULL);
  *   perm != NULL -> device groups from cu_mm_group (n_groups read on the device).
  * - input row of slot s: in16 + (s / in_div) * in_ld, FP16 (act 1) or BF16 (act 2) bit
  *   patterns; in_cols valid columns (multiple of 16, <= K).
