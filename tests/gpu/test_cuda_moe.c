@@ -516,10 +516,12 @@ static void cuda_decode_kernel(void **state)
 
 /* Both routing kernels against ref: the block kernel beyond the production shape (more
  * experts than its 512 threads: three per thread, a count that is no power of two) and the
- * one-warp kernel (E <= 512, k <= 32; 96 experts: three per lane) against ref's top-k ids;
- * and a token whose logits are all NaN (a NaN input element), which takes the NaN branch: the
- * reference ranks NaN last with lower index first, so that token's slots hold experts 0..k-1,
- * and the other tokens are unaffected. */
+ * one-warp selection (E <= 512, k <= 32; 96 and 300 experts) against ref's top-k ids; a token
+ * whose logits are all NaN (a NaN input element), which takes the NaN branch: the reference
+ * ranks NaN last with lower index first, so that token's slots hold experts 0..k-1, and the
+ * other tokens are unaffected; and a token of zeros, whose logits are all 0: every
+ * probability ties, so its slots hold experts 0..k-1 too (96 experts: all of them are
+ * candidates of the one-warp selection; 300: more than its 128, so it takes the rounds). */
 static void routing_case(const char *name, int64_t experts)
 {
     mf_opts o;
@@ -529,7 +531,7 @@ static void routing_case(const char *name, int64_t experts)
     for (int64_t M = 1; M <= 65; M += 32) compare(dir, "ref:scale=fp16", "cuda:act_dtype=fp32", 1e-5, 0, M, -1, "route");
     /* NaN token */
     td_engine *er = load(dir, "ref:scale=fp16"), *ec = load(dir, "cuda:act_dtype=fp32");
-    const int64_t H = o.hidden, k = o.top_k, M = 3;
+    const int64_t H = o.hidden, k = o.top_k, M = 4;
     float *x = malloc((size_t)(M * H) * sizeof *x), *yr = malloc((size_t)(M * H) * sizeof *yr),
           *yc = malloc((size_t)(M * H) * sizeof *yc);
     assert_true(x && yr && yc);
@@ -537,6 +539,7 @@ static void routing_case(const char *name, int64_t experts)
     td_rng_seed(&rng, 2801);
     for (int64_t i = 0; i < M * H; i++) x[i] = 0.5f * td_rng_normal_f32(&rng);
     x[H + 5] = NAN;
+    for (int64_t i = 0; i < H; i++) x[3 * H + i] = 0.0f; /* token 3: logits all 0 */
     td_taps *tr = NULL, *tc = NULL;
     td_err err;
     static const char *const tp[] = {"L*.moe.topk"};
@@ -556,6 +559,8 @@ static void routing_case(const char *name, int64_t experts)
     for (int64_t j = 0; j < k; j++) {
         assert_int_equal(ia[k + j], j); /* the NaN token: experts 0..k-1 */
         assert_int_equal(ib[k + j], j);
+        assert_int_equal(ia[3 * k + j], j); /* the tied token: experts 0..k-1 */
+        assert_int_equal(ib[3 * k + j], j);
     }
     assert_memory_equal(ia, ib, (size_t)(M * k) * sizeof(int32_t));
     for (int64_t t = 0; t < M; t += 2) { /* tokens 0 and 2 */
@@ -578,6 +583,7 @@ static void cuda_routing(void **state)
     (void)state;
     routing_case("gpu_route", 1100);
     routing_case("gpu_route_warp", 96);
+    routing_case("gpu_route_ties", 300);
 }
 
 static void cuda_rejects(void **state)
