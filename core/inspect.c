@@ -572,17 +572,17 @@ void td_inspect_print(const td_inspect_report *r, FILE *o)
     fprintf(o, "quantization %s%s%s, %zu exclusion pattern(s)%s\n", src[q->source],
             q->quant_algo[0] ? ", algo " : "", q->quant_algo, q->n_exclude,
             q->mixed ? ", per-layer map" : "");
-    fprintf(o, "  %-10s %10s %10s %14s\n", "scheme", "modules", "tensors", "bytes");
+    fprintf(o, "  %-12s %10s %10s %14s\n", "scheme", "modules", "tensors", "bytes");
     for (int s = 0; s < TD_SCHEME_COUNT; s++) {
         const td_scheme_stat *st = &r->schemes[s];
         if (!st->modules && !st->tensors) continue;
         human_bytes(st->bytes, b1, sizeof b1);
-        fprintf(o, "  %-10s %10lld %10lld %14s\n", td_scheme_name((td_scheme)s),
+        fprintf(o, "  %-12s %10lld %10lld %14s\n", td_scheme_name((td_scheme)s),
                 (long long)st->modules, (long long)st->tensors, b1);
     }
     if (r->other_tensors) {
         human_bytes(r->other_bytes, b1, sizeof b1);
-        fprintf(o, "  %-10s %10s %10lld %14s\n", "mtp/vision", "-", (long long)r->other_tensors, b1);
+        fprintf(o, "  %-12s %10s %10lld %14s\n", "mtp/vision", "-", (long long)r->other_tensors, b1);
     }
     human_bytes(r->total_bytes, b1, sizeof b1);
     fprintf(o, "tensors      %lld, %s in %lld shard(s)", (long long)r->n_tensors, b1,

@@ -10,7 +10,7 @@
 
 #define QUANT_MAX_BYTES (64u << 20)
 
-static const char *const scheme_names[] = {"BF16", "NVFP4", "NVFP4-CT", "FP8", "FP8-BLOCK"};
+static const char *const scheme_names[] = {"unquantized", "NVFP4", "NVFP4-CT", "FP8", "FP8-BLOCK"};
 _Static_assert(TD_ARRAY_LEN(scheme_names) == TD_SCHEME_COUNT, "scheme_names incomplete");
 
 const char *td_scheme_name(td_scheme s)

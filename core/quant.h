@@ -90,6 +90,7 @@ typedef struct td_quant_tensors {
 
 #define TD_QUANT_RE_MAX 256
 
+/* "unquantized" (BF16, F16 or F32 weights), "NVFP4", "NVFP4-CT", "FP8", "FP8-BLOCK"; "?" out of range. */
 const char *td_scheme_name(td_scheme s);
 
 td_status td_quant_load(const char *dir, td_quant *q, td_err *err);

@@ -158,6 +158,18 @@ static void quant_bad_metadata_is_rejected(void **state)
     }
 }
 
+/* Scheme names as reports print them: unquantized modules may be BF16, F16 or F32, so they are
+ * not called "BF16"; out-of-range values print as "?". */
+static void quant_scheme_names(void **state)
+{
+    (void)state;
+    assert_string_equal(td_scheme_name(TD_SCHEME_NONE), "unquantized");
+    assert_string_equal(td_scheme_name(TD_SCHEME_NVFP4), "NVFP4");
+    assert_string_equal(td_scheme_name(TD_SCHEME_NVFP4_CT), "NVFP4-CT");
+    assert_string_equal(td_scheme_name(TD_SCHEME_FP8_BLOCK), "FP8-BLOCK");
+    assert_string_equal(td_scheme_name(TD_SCHEME_COUNT), "?");
+}
+
 static void quant_load_prefers_hf_file_and_notes_disagreement(void **state)
 {
     (void)state;
@@ -203,6 +215,7 @@ int main(void)
         cmocka_unit_test(quant_compressed_tensors_names_and_regex_ignore),
         cmocka_unit_test(quant_bad_metadata_is_rejected),
         cmocka_unit_test(quant_load_prefers_hf_file_and_notes_disagreement),
+        cmocka_unit_test(quant_scheme_names),
     };
     return cmocka_run_group_tests_name("quant", tests, NULL, NULL);
 }
