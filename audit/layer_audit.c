@@ -189,6 +189,34 @@ static td_status variant_for_row(const audit *A, const td_variant *v, int64_t ra
     return TD_OK;
 }
 
+/* What a resolved variant's block output is: the full output (tp_size 1 or tp_rank=all) or one
+ * rank's partial sum. */
+static void describe_output(const td_variant *v, char *buf, size_t n)
+{
+    if (v->tp_size == 1 || v->tp_rank == TD_TP_RANK_ALL)
+        snprintf(buf, n, "the full output");
+    else
+        snprintf(buf, n, "rank %d's partial sum of tp_size %d", v->tp_rank, v->tp_size);
+}
+
+/* The two sides of a pair must compute the same quantity: both the full output, or the same
+ * rank's slice of the same tp_size. A rank's partial sum against a full output differs by
+ * design, whatever the engines do. */
+static td_status same_output(const td_variant *a, const td_variant *b, const td_layer_pair *p, td_err *err)
+{
+    const bool fa = a->tp_size == 1 || a->tp_rank == TD_TP_RANK_ALL;
+    const bool fb = b->tp_size == 1 || b->tp_rank == TD_TP_RANK_ALL;
+    if (fa && fb) return TD_OK;
+    if (!fa && !fb && a->tp_size == b->tp_size && a->tp_rank == b->tp_rank) return TD_OK;
+    char da[64], db[64];
+    describe_output(a, da, sizeof da);
+    describe_output(b, db, sizeof db);
+    return td_err_set(err, TD_ERR_ARG,
+                      "pair '%s' vs '%s' compares %s with %s: give both sides the same tp_size and tp_rank "
+                      "(a side that sets neither runs --tp and the row's rank)",
+                      p->a_text, p->b_text, da, db);
+}
+
 static td_status slot_get(audit *A, const td_variant *v, const char *label, size_t *idx, td_err *err)
 {
     for (size_t i = 0; i < A->n_slots; i++)
@@ -516,6 +544,7 @@ static td_status do_row(audit *A, int64_t layer, int64_t rank, int64_t M, double
         td_variant va, vb;
         td_status st = variant_for_row(A, &o->pairs[i].a, rank, &va, err);
         if (!st) st = variant_for_row(A, &o->pairs[i].b, rank, &vb, err);
+        if (!st) st = same_output(&va, &vb, &o->pairs[i], err);
         if (!st) st = slot_get(A, &va, o->pairs[i].a_text, &pa[i], err);
         if (!st) st = slot_get(A, &vb, o->pairs[i].b_text, &pb[i], err);
         if (st) return st;

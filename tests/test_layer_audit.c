@@ -585,6 +585,65 @@ static int cli(const char *const *args, int n)
     return cmd_audit_layer(n + 1, argv);
 }
 
+/* A pair whose sides compute different quantities (a rank's partial sum against the full
+ * output, or slices of different tp sizes or ranks) is refused before anything runs, naming
+ * both sides and what each computes; same-slice and full-vs-full pairs run. */
+static void pair_sides_must_match(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *pair, *needle;
+    } bad[] = {
+        {"ref,ref:tp_size=2,tp_rank=all", "compares rank 0's partial sum of tp_size 4 with the full output"},
+        {"ref:tp_size=1,ref", "compares the full output with rank 0's partial sum of tp_size 4"},
+        {"ref:tp_size=2,tp_rank=1,ref", "rank 1's partial sum of tp_size 2 with rank 0's partial sum of tp_size 4"},
+    };
+    for (size_t i = 0; i < TD_ARRAY_LEN(bad); i++) {
+        grid g;
+        grid_default(&g);
+        g.nt = 1;
+        add_pair(&g, bad[i].pair);
+        td_layer_audit_opts o;
+        td_layer_audit_opts_init(&o);
+        o.model = fixture_dir();
+        o.layers = g.layers;
+        o.n_layers = g.nl;
+        o.ranks = g.ranks;
+        o.n_ranks = g.nr;
+        o.tokens = g.tokens;
+        o.n_tokens = g.nt;
+        o.scales = g.scales;
+        o.n_scales = g.ns;
+        o.routes = g.routes;
+        o.n_routes = g.nu;
+        o.pairs = g.pairs;
+        o.n_pairs = g.np;
+        collect c = {cJSON_CreateArray(), NULL, 0, 0};
+        td_layer_sink sink = {&c, collect_row};
+        td_layer_summary sum;
+        td_err err;
+        assert_int_equal(td_layer_audit_run(&o, &sink, &sum, &err), TD_ERR_ARG);
+        if (!strstr(err.msg, bad[i].needle) || !strstr(err.msg, g.pairs[0].a_text))
+            fail_msg("pair '%s': message '%s' lacks '%s'", bad[i].pair, err.msg, bad[i].needle);
+        assert_int_equal(cJSON_GetArraySize(c.rows), 0);
+        cJSON_Delete(c.rows);
+    }
+    /* the same slice on both sides, and full against full, run */
+    grid g;
+    grid_default(&g);
+    g.nt = 1;
+    add_pair(&g, "ref,ref:threads=2");
+    add_pair(&g, "ref:tp_size=2,tp_rank=1,ref:tp_size=2,tp_rank=1,threads=2");
+    add_pair(&g, "ref:tp_size=1,ref:tp_size=4,tp_rank=all");
+    collect c = {cJSON_CreateArray(), NULL, 0, 0};
+    td_layer_summary sum;
+    run_grid(&g, &c, &sum);
+    assert_int_equal(sum.rows, 1);
+    assert_int_equal(sum.failed, 0);
+    cJSON_Delete(c.rows);
+    td_layer_summary_free(&sum);
+}
+
 static void cli_usage_and_errors(void **state)
 {
     (void)state;
@@ -610,6 +669,7 @@ static void cli_usage_and_errors(void **state)
         (const char *const[]){"--model", "X", "--block", "router", NULL},
         (const char *const[]){"--model", "X", "--block", NULL},
         (const char *const[]){"--model", dir, "--no-db", "--tokens", "1", "--block", "gdn", "--routes", "random", NULL},
+        (const char *const[]){"--model", dir, "--no-db", "--tokens", "1", "--pair", "ref,ref:tp_size=2,tp_rank=all", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int n = 0;
@@ -694,6 +754,7 @@ int main(void)
         cmocka_unit_test(planted_bugs_are_caught),
         cmocka_unit_test(db_rows),
         cmocka_unit_test(mixer_blocks),
+        cmocka_unit_test(pair_sides_must_match),
         cmocka_unit_test(cli_usage_and_errors),
         cmocka_unit_test(cli_runs),
         cmocka_unit_test(cli_end_to_end),
