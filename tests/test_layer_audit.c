@@ -182,25 +182,31 @@ static void add_pair(grid *g, const char *text)
     g->np++;
 }
 
+/* Audit options of the grid on the shared fixture. */
+static void grid_opts(const grid *g, td_layer_audit_opts *o)
+{
+    td_layer_audit_opts_init(o);
+    o->model = fixture_dir();
+    o->layers = g->layers;
+    o->n_layers = g->nl;
+    o->ranks = g->ranks;
+    o->n_ranks = g->nr;
+    o->tokens = g->tokens;
+    o->n_tokens = g->nt;
+    o->scales = g->scales;
+    o->n_scales = g->ns;
+    o->routes = g->routes;
+    o->n_routes = g->nu;
+    o->pairs = g->pairs;
+    o->n_pairs = g->np;
+    o->taps = g->taps;
+    o->n_taps = g->ntaps;
+}
+
 static void run_grid(const grid *g, collect *c, td_layer_summary *sum)
 {
     td_layer_audit_opts o;
-    td_layer_audit_opts_init(&o);
-    o.model = fixture_dir();
-    o.layers = g->layers;
-    o.n_layers = g->nl;
-    o.ranks = g->ranks;
-    o.n_ranks = g->nr;
-    o.tokens = g->tokens;
-    o.n_tokens = g->nt;
-    o.scales = g->scales;
-    o.n_scales = g->ns;
-    o.routes = g->routes;
-    o.n_routes = g->nu;
-    o.pairs = g->pairs;
-    o.n_pairs = g->np;
-    o.taps = g->taps;
-    o.n_taps = g->ntaps;
+    grid_opts(g, &o);
     td_layer_sink sink = {c, collect_row};
     td_err err;
     if (td_layer_audit_run(&o, &sink, sum, &err)) fail_msg("audit: %s", err.msg);
@@ -604,20 +610,7 @@ static void pair_sides_must_match(void **state)
         g.nt = 1;
         add_pair(&g, bad[i].pair);
         td_layer_audit_opts o;
-        td_layer_audit_opts_init(&o);
-        o.model = fixture_dir();
-        o.layers = g.layers;
-        o.n_layers = g.nl;
-        o.ranks = g.ranks;
-        o.n_ranks = g.nr;
-        o.tokens = g.tokens;
-        o.n_tokens = g.nt;
-        o.scales = g.scales;
-        o.n_scales = g.ns;
-        o.routes = g.routes;
-        o.n_routes = g.nu;
-        o.pairs = g.pairs;
-        o.n_pairs = g.np;
+        grid_opts(&g, &o);
         collect c = {cJSON_CreateArray(), NULL, 0, 0};
         td_layer_sink sink = {&c, collect_row};
         td_layer_summary sum;
