@@ -21,6 +21,15 @@ static void mm_groups(const cu_block_shape *sh, const cu_block_ws *ws, cu_mm_cal
     }
 }
 
+/* Range groups over M tokens on matrix 0 (shared expert, router): packs of cu_mm_pack(M), so
+ * decode-sized calls get 8-token groups, one tile each. */
+static void mm_range_groups(cu_mm_call *m, int64_t M)
+{
+    m->nslots = M;
+    m->pack = cu_mm_pack(M);
+    m->max_groups = (M + m->pack - 1) / m->pack;
+}
+
 /* W13 + SwiGLU then W2 of one rank on the tensor-core path. ids == NULL with pack > 1: range
  * groups over the tokens (shared expert). */
 static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, const cu_qmat *w13, const cu_qmat *w2,
@@ -37,9 +46,7 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
         mm_groups(sh, ws, &m, grouped, Mc * k);
         m.in_div = k;
     } else {
-        m.nslots = Mc;
-        m.pack = cu_mm_pack(Mc); /* decode sizes: 8-token groups, one tile each */
-        m.max_groups = (Mc + m.pack - 1) / m.pack;
+        mm_range_groups(&m, Mc);
         m.in_div = 1;
     }
     m.in16 = ws->xa16;
@@ -96,9 +103,7 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
         memset(&m, 0, sizeof m);
         m.W = ly->router_q;
         m.mats_per_expert = 1;
-        m.nslots = Mc;
-        m.pack = cu_mm_pack(Mc); /* decode sizes: 8-token groups, one tile each */
-        m.max_groups = (Mc + m.pack - 1) / m.pack;
+        mm_range_groups(&m, Mc);
         m.in16 = c->xa16;
         m.in_ld = H;
         m.in_div = 1;

@@ -580,8 +580,7 @@ template <int NT> struct dec_occupancy {
 };
 /* Chunk buffers per warp: DEC_STAGES - 1 chunks are in flight while one is computed (at most
  * 32: one mbarrier per buffer, phases kept in one word). Deeper rings for grids of one or two
- * blocks per SM (decode with few experts) were measured slower: they keep the next kernel's
- * blocks off those SMs. */
+ * blocks per SM (decode with few experts) were measured slower (docs/perf.md). */
 #define DEC_STAGES 2
 
 /* Bytes of one chunk of one warp: CH steps of weights (256 bytes each) and of scales (16 rows
@@ -590,6 +589,11 @@ template <int WK, int CH> struct dec_sizes {
     static constexpr int w = CH * 256;
     static constexpr int s = CH * (WK == 0 ? 64 : 32);
     static constexpr int chunk = w + s;
+};
+
+/* Bytes of a block's rings (DEC_STAGES buffers per warp), ahead of its staged rows. */
+template <int WK, int CH, int NT> struct dec_rings {
+    static constexpr int bytes = dec_occupancy<NT>::warps * DEC_STAGES * dec_sizes<WK, CH>::chunk;
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -792,18 +796,14 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     uint8_t *ring = reinterpret_cast<uint8_t *>(dec_sh) + warp * DEC_STAGES * Z::chunk; /* this warp's buffers */
     uint64_t *bar = bars[warp];
-    uint32_t *xs = reinterpret_cast<uint32_t *>(reinterpret_cast<uint8_t *>(dec_sh) + DW * DEC_STAGES * Z::chunk);
+    uint32_t *xs = reinterpret_cast<uint32_t *>(reinterpret_cast<uint8_t *>(dec_sh) + dec_rings<WK, CH, NT>::bytes);
     const int NC = a.geo.NC, RT = (int)(c.W.R / 16);
     /* pdl 1 (early loads): the routes and groups are complete before this kernel starts, so it
      * lets its dependents launch, issues its first weight chunks, and waits for its
      * predecessor only before it reads the input rows; otherwise it waits first */
     const bool early = c.pdl == 1;
-    if (early) {
-        cu_pdl_release();
-    } else {
-        cu_pdl_wait();
-        cu_pdl_release();
-    }
+    if (!early) cu_pdl_wait();
+    cu_pdl_release();
     /* items: groups x blocks of DW row tiles, item = g * tbx + tb; this block's contiguous share */
     const int groups = c.perm ? *c.n_groups : (int)((c.nslots + c.pack - 1) / c.pack);
     const int n_items = groups * tbx;
@@ -1028,9 +1028,8 @@ static td_status launch(const mm_args &a, dim3 grid, cudaStream_t s, td_err *err
 template <int WK, int ACT, int CH, int NT, bool ONE = false>
 static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
 {
-    typedef dec_sizes<WK, CH> Z;
     constexpr int DW = dec_occupancy<NT>::warps;
-    const size_t smem = (size_t)DW * DEC_STAGES * Z::chunk + (size_t)a.xrows * (size_t)a.geo.xs_w * 4;
+    const size_t smem = (size_t)dec_rings<WK, CH, NT>::bytes + (size_t)a.xrows * (size_t)a.geo.xs_w * 4;
     if (smem > MM_SMEM_MAX)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: K = %lld needs %zu bytes of shared memory per block",
                           (long long)a.c.W.K, smem);
