@@ -24,6 +24,7 @@
  *   NVFP4 blocks.
  */
 #include "test_common.h"
+#include "engine_test.h"
 #include "engine.h"
 #include "audit/engines.h"
 #include "ref/engine_ref.h"
@@ -270,16 +271,6 @@ static const char *write_fixture(const char *name, const mf_opts *o, mf_model *m
     return dir;
 }
 
-static td_engine *load(const char *dir, const char *variant)
-{
-    td_variant v;
-    td_err err;
-    if (td_variant_parse(variant, &v, &err)) fail_msg("%s", err.msg);
-    td_engine *e = NULL;
-    if (td_engine_load(dir, &v, &e, &err)) fail_msg("load %s: %s", variant, err.msg);
-    return e;
-}
-
 static void engine_matches_in_memory(void **state)
 {
     (void)state;
@@ -300,7 +291,7 @@ static void engine_matches_in_memory(void **state)
         static const char *const variants[] = {"ref", "ref:act_dtype=fp16,scale=fp16", "ref:tp_size=4,tp_rank=2",
                                                "ref:tp_size=2,tp_rank=all,accum=fp64"};
         for (size_t vi = 0; vi < 4; vi++) {
-            td_engine *e = load(dir, variants[vi]);
+            td_engine *e = td_test_engine(dir, variants[vi]);
             const td_engine_model *mi = td_engine_model_info(e);
             assert_int_equal(mi->hidden, 64);
             assert_int_equal(mi->num_experts, 8);
@@ -345,7 +336,8 @@ static void engine_taps_router_threads(void **state)
     mf_defaults(&o);
     mf_model m;
     const char *dir = write_fixture("engtaps", &o, &m);
-    td_engine *e1 = load(dir, "ref:threads=1,tp_size=2,tp_rank=1"), *e3 = load(dir, "ref:threads=3,tp_size=2,tp_rank=1");
+    td_engine *e1 = td_test_engine(dir, "ref:threads=1,tp_size=2,tp_rank=1");
+    td_engine *e3 = td_test_engine(dir, "ref:threads=3,tp_size=2,tp_rank=1");
     const char *pats[] = {"L*.moe.*"};
     td_taps *t1, *t3;
     td_err err;
@@ -420,7 +412,7 @@ static void engine_call_checks(void **state)
     mf_defaults(&o);
     mf_model m;
     const char *dir = write_fixture("engcalls", &o, &m);
-    td_engine *e = load(dir, "ref");
+    td_engine *e = td_test_engine(dir, "ref");
     static float x[64], y[64], w[3] = {1, 0, 0};
     static int32_t ids[3] = {0, 1, 2};
     td_err err;
@@ -488,7 +480,7 @@ static void engine_load_errors(void **state)
     mf_model m9 = m;
     m9.o.experts = 9;
     mf_config(&m9, dir);
-    e = load(dir, "ref");
+    e = td_test_engine(dir, "ref");
     td_err_clear(&err);
     assert_int_equal(td_engine_run_block(e, &c, &err), TD_ERR_FORMAT);
     assert_non_null(strstr(err.msg, "model.layers.0.mlp.gate.weight: shape [8, 64], expected [9, 64]"));
@@ -499,7 +491,7 @@ static void engine_load_errors(void **state)
     mf_model ms = m;
     ms.o.shared_inter = 64;
     mf_config(&ms, dir);
-    e = load(dir, "ref");
+    e = td_test_engine(dir, "ref");
     assert_int_equal(td_engine_run_block(e, &c, &err), TD_ERR_NOTFOUND);
     assert_non_null(strstr(err.msg, "model.layers.0.mlp.shared_expert_gate.weight"));
     td_engine_free(e);
@@ -522,7 +514,7 @@ static void engine_load_errors(void **state)
     /* an unsupported expert dtype is named */
     snprintf(path, sizeof path, "%s/hf_quant_config.json", dir);
     remove(path); /* now the NVFP4 tensors are read as an unquantized module: U8 is not a float */
-    e = load(dir, "ref");
+    e = td_test_engine(dir, "ref");
     assert_int_equal(td_engine_run_block(e, &c, &err), TD_ERR_FORMAT);
     assert_non_null(strstr(err.msg, "model.layers.0.mlp.experts.0.gate_proj.weight: dtype U8"));
     td_engine_free(e);

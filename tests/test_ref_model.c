@@ -42,6 +42,7 @@
  *   duplicate id) exit 2 with a message naming file and line.
  */
 #include "test_common.h"
+#include "engine_test.h"
 #include "gen_fixture.h"
 #include "audit/completion.h"
 #include "audit/engines.h"
@@ -72,27 +73,9 @@ static int setup(void **state)
     return 0;
 }
 
-static td_engine *load(int ck, const char *variant)
-{
-    td_variant v;
-    td_err err = {0};
-    assert_int_equal(td_variant_parse(variant, &v, &err), TD_OK);
-    td_engine *e = NULL;
-    td_status st = td_engine_load(g_dir[ck], &v, &e, &err);
-    if (st) fprintf(stderr, "%s\n", err.msg);
-    assert_int_equal(st, TD_OK);
-    return e;
-}
+static td_engine *load(int ck, const char *variant) { return td_test_engine(g_dir[ck], variant); }
 
 static const int32_t prompt[12] = {1, 77, 4095, 3, 1000, 2048, 5, 5, 5, 17, 0, 999};
-
-static float *poisoned(int64_t n)
-{
-    float *p = malloc((size_t)n * sizeof *p);
-    assert_non_null(p);
-    for (int64_t i = 0; i < n; i++) p[i] = NAN;
-    return p;
-}
 
 static void assert_finite(const float *x, int64_t n)
 {
@@ -106,7 +89,7 @@ static void model_prefill_then_decode_bitwise(void **state)
         td_engine *e = load(ck, "ref:threads=2");
         td_err err = {0};
         const int64_t total = 12;
-        float *full = poisoned(V), *step = poisoned(V);
+        float *full = td_test_poisoned(V), *step = td_test_poisoned(V);
         static const int64_t ns[3] = {1, 5, 9};
         for (int a = 0; a < 3; a++) {
             const int64_t n = ns[a];
@@ -130,7 +113,7 @@ static void model_threads_and_batch_bitwise(void **state)
     (void)state;
     td_engine *e1 = load(1, "ref:threads=1"), *e3 = load(1, "ref:threads=3");
     td_err err = {0};
-    float *a = poisoned(2 * V), *b = poisoned(2 * V), *c = poisoned(V);
+    float *a = td_test_poisoned(2 * V), *b = td_test_poisoned(2 * V), *c = td_test_poisoned(V);
     assert_int_equal(td_engine_prefill(e1, 5, prompt, 4, a, &err), TD_OK);
     assert_int_equal(td_engine_prefill(e3, 5, prompt, 4, b, &err), TD_OK);
     assert_memory_equal(a, b, V * sizeof *a);
@@ -159,7 +142,7 @@ static void model_fp64_accum_close(void **state)
     (void)state;
     td_engine *e = load(0, "ref"), *f = load(0, "ref:accum=fp64");
     td_err err = {0};
-    float *a = poisoned(V), *b = poisoned(V);
+    float *a = td_test_poisoned(V), *b = td_test_poisoned(V);
     assert_int_equal(td_engine_prefill(e, 0, prompt, 12, a, &err), TD_OK);
     assert_int_equal(td_engine_prefill(f, 0, prompt, 12, b, &err), TD_OK);
     double mx = 0, md = 0;
@@ -180,7 +163,7 @@ static void model_errors_and_taps(void **state)
     (void)state;
     td_engine *e = load(0, "ref");
     td_err err = {0};
-    float *a = poisoned(V);
+    float *a = td_test_poisoned(V);
     const td_decode_item it = {42, 1};
     assert_int_equal(td_engine_decode(e, &it, 1, a, &err), TD_ERR_ARG);
     const int32_t bad[2] = {1, V};
@@ -277,7 +260,7 @@ static td_taps *prefill_taps(td_engine *e, int64_t m)
     td_taps *t = NULL;
     td_err err = {0};
     assert_int_equal(td_taps_new(pats, 3, &t, &err), TD_OK);
-    float *lg = poisoned(V);
+    float *lg = td_test_poisoned(V);
     td_engine_set_taps(e, t);
     assert_int_equal(td_engine_prefill(e, 0, prompt, m, lg, &err), TD_OK);
     td_engine_set_taps(e, NULL);
@@ -289,7 +272,7 @@ static void block_mixers_equal_prefill_taps(void **state)
 {
     (void)state;
     const int64_t m = 7;
-    float *x = poisoned(m * H), *y = poisoned(m * H), *y2 = poisoned(m * H);
+    float *x = td_test_poisoned(m * H), *y = td_test_poisoned(m * H), *y2 = td_test_poisoned(m * H);
     for (int ck = 0; ck < 2; ck++) {
         td_engine *e = load(ck, "ref:threads=2"), *e1 = load(ck, "ref:threads=1");
         td_taps *t = prefill_taps(e, m);
@@ -341,8 +324,8 @@ static void block_tp_ranks_reduce(void **state)
 {
     (void)state;
     const int64_t m = 5;
-    float *x = poisoned(m * H), *p0 = poisoned(m * H), *p1 = poisoned(m * H), *all = poisoned(m * H);
-    float *one = poisoned(m * H);
+    float *x = td_test_poisoned(m * H), *p0 = td_test_poisoned(m * H), *p1 = td_test_poisoned(m * H), *all = td_test_poisoned(m * H);
+    float *one = td_test_poisoned(m * H);
     static const char *const acts[2] = {"", ",act_dtype=fp16"};
     for (int ck = 0; ck < 2; ck++)
         for (int a = 0; a < 2; a++) {
@@ -412,7 +395,7 @@ static void model_act_dtype_and_tp(void **state)
         {"ref:tp_size=2,tp_rank=all", 2e-5, TD_ACT_FP32},
         {"ref:tp_size=2,tp_rank=all,act_dtype=bf16", 0.25, TD_ACT_BF16},
     };
-    float *base = poisoned(V), *a = poisoned(V), *b = poisoned(V);
+    float *base = td_test_poisoned(V), *a = td_test_poisoned(V), *b = td_test_poisoned(V);
     for (int ck = 0; ck < 2; ck++) {
         td_engine *e0 = load(ck, "ref");
         td_err err = {0};

@@ -16,6 +16,7 @@
  * - accum=fp64 differs from fp32 only by rounding (relative max difference < 1e-3).
  */
 #include "test_common.h"
+#include "engine_test.h"
 #include "gen_fixture.h"
 #include "audit/engines.h"
 #include "engine.h"
@@ -52,25 +53,7 @@ static int setup(void **state)
     return 0;
 }
 
-static td_engine *load(int ck, const char *variant)
-{
-    td_variant v;
-    td_err err = {0};
-    assert_int_equal(td_variant_parse(variant, &v, &err), TD_OK);
-    td_engine *e = NULL;
-    td_status st = td_engine_load(g_dir[ck], &v, &e, &err);
-    if (st) fprintf(stderr, "%s\n", err.msg);
-    assert_int_equal(st, TD_OK);
-    return e;
-}
-
-static float *poisoned(int64_t n)
-{
-    float *p = malloc((size_t)n * sizeof *p);
-    assert_non_null(p);
-    for (int64_t i = 0; i < n; i++) p[i] = NAN;
-    return p;
-}
+static td_engine *load(int ck, const char *variant) { return td_test_engine(g_dir[ck], variant); }
 
 static void flash_prefill_then_decode_bitwise(void **state)
 {
@@ -78,7 +61,7 @@ static void flash_prefill_then_decode_bitwise(void **state)
     for (int ck = 0; ck < 2; ck++) {
         td_engine *e = load(ck, "ref:threads=2");
         td_err err = {0};
-        float *full = poisoned(V), *step = poisoned(V);
+        float *full = td_test_poisoned(V), *step = td_test_poisoned(V);
         td_status st = td_engine_prefill(e, 1, g_prompt, T, full, &err);
         if (st) fprintf(stderr, "%s\n", err.msg);
         assert_int_equal(st, TD_OK);
@@ -101,7 +84,7 @@ static void flash_prefill_then_decode_bitwise(void **state)
 static void flash_threads_bitwise(void **state)
 {
     (void)state;
-    float *a = poisoned(V), *b = poisoned(V);
+    float *a = td_test_poisoned(V), *b = td_test_poisoned(V);
     td_err err = {0};
     td_engine *e1 = load(0, "ref:threads=1"), *e3 = load(0, "ref:threads=3");
     assert_int_equal(td_engine_prefill(e1, 0, g_prompt, 60, a, &err), TD_OK);
@@ -153,7 +136,7 @@ static void flash_taps(void **state)
     (void)state;
     td_engine *e = load(0, "ref:threads=2");
     td_err err = {0};
-    float *a = poisoned(V);
+    float *a = td_test_poisoned(V);
     static const char *const pats[] = {"L3.qsa.blocks", "L1.ple.out", "L0.hc_attn.mix", "L0.hc_attn.inject",
                                        "L7.resid", "final.hidden", "logits"};
     td_taps *t = NULL;

@@ -17,6 +17,7 @@
  * - greedy completions identical to greedy.<i>.
  */
 #include "test_common.h"
+#include "engine_test.h"
 #include "proof_common.h"
 #include "audit/completion.h"
 #include "audit/engines.h"
@@ -68,12 +69,8 @@ static void check_model(const char *name_, int64_t V)
     snprintf(path, sizeof path, DIR "/%s.expected.safetensors", name_);
     td_status st = td_st_file_open(path, &f, &err);
     if (st) fail_msg("%s", err.msg);
-    td_variant v;
-    assert_int_equal(td_variant_parse("ref:threads=2", &v, &err), TD_OK);
-    td_engine *e = NULL;
     snprintf(path, sizeof path, DIR "/%s", name_);
-    st = td_engine_load(path, &v, &e, &err);
-    if (st) fail_msg("%s", err.msg);
+    td_engine *e = td_test_engine(path, "ref:threads=2");
     worst[0] = worst[1] = worst[2] = 0;
     float *lg = malloc((size_t)V * sizeof *lg);
     assert_non_null(lg);

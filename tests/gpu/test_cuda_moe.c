@@ -36,6 +36,7 @@
  * Without a CUDA device every test skips with a message.
  */
 #include "test_common.h"
+#include "engine_test.h"
 #include "moe_fixture.h"
 #include "engine.h"
 #include "audit/engines.h"
@@ -44,16 +45,6 @@
 
 #define GUARD 64
 #define CANARY 12345.0f
-
-static td_engine *load(const char *dir, const char *variant)
-{
-    td_variant v;
-    td_err err;
-    if (td_variant_parse(variant, &v, &err)) fail_msg("%s", err.msg);
-    td_engine *e = NULL;
-    if (td_engine_load(dir, &v, &e, &err)) fail_msg("load %s: %s", variant, err.msg);
-    return e;
-}
 
 /* true (after printing why) when this machine has no usable CUDA device. */
 static bool no_gpu(const char *dir)
@@ -178,7 +169,7 @@ static const char *pattern_name(int p)
 static void compare_s(const char *dir, const char *rv, const char *cv, double bound, int64_t L, int64_t M, int p,
                       float xs, const char *tag)
 {
-    td_engine *er = load(dir, rv), *ec = load(dir, cv);
+    td_engine *er = td_test_engine(dir, rv), *ec = td_test_engine(dir, cv);
     const td_engine_model *mi = td_engine_model_info(ec);
     const int64_t H = mi->hidden, k = mi->top_k, E = mi->num_experts;
     const size_t n = (size_t)(M * H);
@@ -252,7 +243,7 @@ typedef struct exact_call {
 static void exact_seq(const char *dir, const char *va, const char *vb, int64_t L, const exact_call *seq, size_t n_seq,
                       const char *tag)
 {
-    td_engine *ea = load(dir, va), *eb = load(dir, vb);
+    td_engine *ea = td_test_engine(dir, va), *eb = td_test_engine(dir, vb);
     const td_engine_model *mi = td_engine_model_info(ea);
     const int64_t H = mi->hidden, k = mi->top_k, E = mi->num_experts;
     for (size_t si = 0; si < n_seq; si++) {
@@ -420,7 +411,7 @@ static void cuda_raw_admission(void **state)
             snprintf(at, sizeof at, "[%lld, %lld]", (long long)(5 / (o.hidden / 16)), (long long)(5 % (o.hidden / 16)));
             assert_non_null(strstr(err.msg, at));
         }
-        td_engine *e = load(dir, "cuda:act_dtype=fp16");
+        td_engine *e = td_test_engine(dir, "cuda:act_dtype=fp16");
         td_engine_free(e);
         mf_free(&m);
     }
@@ -530,7 +521,7 @@ static void routing_case(const char *name, int64_t experts)
     const char *dir = fixture_or_skip(name, &o, &m);
     for (int64_t M = 1; M <= 65; M += 32) compare(dir, "ref:scale=fp16", "cuda:act_dtype=fp32", 1e-5, 0, M, -1, "route");
     /* NaN token */
-    td_engine *er = load(dir, "ref:scale=fp16"), *ec = load(dir, "cuda:act_dtype=fp32");
+    td_engine *er = td_test_engine(dir, "ref:scale=fp16"), *ec = td_test_engine(dir, "cuda:act_dtype=fp32");
     const int64_t H = o.hidden, k = o.top_k, M = 4;
     float *x = malloc((size_t)(M * H) * sizeof *x), *yr = malloc((size_t)(M * H) * sizeof *yr),
           *yc = malloc((size_t)(M * H) * sizeof *yc);
@@ -602,7 +593,7 @@ static void cuda_rejects(void **state)
         assert_int_equal(td_engine_load(dir, &v, &e, &err), TD_ERR_UNSUPPORTED);
         print_message("  %s refused: %s\n", refused[i], err.msg);
     }
-    td_engine *e = load(dir, "cuda");
+    td_engine *e = td_test_engine(dir, "cuda");
     const int64_t M = 3, H = 64, k = 3;
     float x[3 * 64];
     for (int i = 0; i < M * H; i++) x[i] = 0.01f * (float)i;
