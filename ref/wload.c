@@ -2,6 +2,7 @@
 #include "wload.h"
 #include "modview.h"
 
+#include <stdio.h>
 #include <string.h>
 
 td_status ref_wload_linear(td_st_set *set, const td_quant *qm, const char *module, int64_t rows, int64_t cols,
@@ -31,6 +32,27 @@ td_status ref_wload_vec(td_st_set *set, const ref_numerics *nx, const char *name
     ref_linear_dense(&l, t.dtype, 1, numel, t.data);
     ref_linear_decode_row(&l, nx, 0, dst);
     return TD_OK;
+}
+
+td_status ref_wload_linear_at(td_st_set *set, const td_quant *q, const char *base, const char *suffix, int64_t rows,
+                              int64_t cols, ref_linear *out, td_status st, td_err *err)
+{
+    if (st) return st;
+    char name[320];
+    snprintf(name, sizeof name, "%s%s", base, suffix);
+    return ref_wload_linear(set, q, name, rows, cols, out, err);
+}
+
+td_status ref_wload_vec_at(td_st_set *set, const ref_numerics *nx, const char *base, const char *suffix, int64_t numel,
+                           float **v, const float **dst, td_status st, td_err *err)
+{
+    if (st) return st;
+    char name[320];
+    snprintf(name, sizeof name, "%s%s", base, suffix);
+    st = ref_wload_vec(set, nx, name, numel, *v, err);
+    *dst = *v;
+    *v += numel;
+    return st;
 }
 
 td_status ref_wload_i64(td_st_set *set, const char *name, int64_t numel, int64_t *dst, bool *found, td_err *err)
