@@ -76,13 +76,49 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
     return cu_mm(&m, s, err);
 }
 
+/* Fork the shared expert of rank r onto s2 (after everything enqueued on s so far) and record
+ * its end in ev_join. The join record is made even on failure, so that a capture can end once
+ * s waits for it (shared_join). */
+static td_status shared_fork(const cu_block_shape *sh, const cu_block_w *ly, const cu_block_ws *c, int r, int64_t Mc,
+                             td_err *err)
+{
+    const int64_t H = sh->H, isl = sh->Is / sh->tp_size;
+    const int ri = r - sh->rank0, act = sh->act;
+    cudaStream_t s = c->s, s2 = c->s2;
+    TD_CU_TRY(err, cudaEventRecord(c->ev_fork, s));
+    TD_CU_TRY(err, cudaStreamWaitEvent(s2, c->ev_fork, 0));
+    td_status st;
+    if (ly->sh_mm) {
+        st = mm_expert(sh, c, &ly->sh13, &ly->sh2, ri, 1, false, false, Mc, isl, c->sh_act, c->sh_act16, c->sh_out,
+                       false, s2, err);
+    } else {
+        st = cu_moe_w13(ly->sh_gate, ly->sh_up, r * isl, isl, NULL, 1, Mc, c->xa, H, act, c->sh_act, s2, err);
+        if (!st) st = cu_moe_w2(ly->sh_down, r * isl, isl, NULL, Mc, c->sh_act, H, act, c->sh_out, s2, err);
+    }
+    const cudaError_t ce = cudaEventRecord(c->ev_join, s2);
+    if (!st && ce != cudaSuccess)
+        st = td_err_set(err, TD_ERR_INTERNAL, "engine cuda: recording the shared expert's end: %s",
+                        cudaGetErrorString(ce));
+    return st;
+}
+
+/* s waits for the shared expert forked last; keeps the first error (st). */
+static td_status shared_join(const cu_block_ws *c, td_status st, td_err *err)
+{
+    const cudaError_t ce = cudaStreamWaitEvent(c->s, c->ev_join, 0);
+    if (!st && ce != cudaSuccess)
+        st = td_err_set(err, TD_ERR_INTERNAL, "engine cuda: joining the shared-expert stream: %s",
+                        cudaGetErrorString(ce));
+    return st;
+}
+
 td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_block_ws *c, cu_block_part part,
                        bool routed, int64_t Mc, td_err *err)
 {
     const int64_t H = sh->H, E = sh->E, k = sh->k, lg = c->lg_ld;
     const int T = sh->tp_size, act = sh->act;
-    const int64_t il = sh->I / T, isl = sh->Is / T;
-    cudaStream_t s = c->s, s2 = c->s2;
+    const int64_t il = sh->I / T;
+    cudaStream_t s = c->s;
     const bool mm_act = act == 1 || act == 2;
     td_status st = TD_OK;
     if (part == CU_BLOCK_ROUTED) {
@@ -97,6 +133,16 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
     st = mm_act ? cu_moe_round16(c->x, c->xa, c->xa16, Mc * H, act, s, err)
                 : cu_moe_round(c->x, c->xa, Mc * H, act, s, err);
     if (st) return st;
+    const bool all = sh->tp_rank < 0;
+    const int r0 = all ? 0 : sh->tp_rank, r1 = all ? T : sh->tp_rank + 1;
+    /* The first rank's shared expert needs only the rounded input: it runs beside the router,
+     * the routing and the routed experts. */
+    const bool shared = part == CU_BLOCK_MOE && ly->has_shared;
+    if (shared) {
+        st = shared_fork(sh, ly, c, r0, Mc, err);
+        if (st) return shared_join(c, st, err);
+    }
+    bool pending = shared; /* s has not waited for the forked shared expert yet */
     const bool need_router = part == CU_BLOCK_ROUTER || !routed;
     if (ly->router_mm && (need_router || ly->has_shared)) {
         cu_mm_call m;
@@ -121,7 +167,7 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
         if (!st && part == CU_BLOCK_MOE && ly->has_shared)
             st = cu_moe_linear(ly->sh_gw, 0, 1, c->xa, H, Mc, c->logits + E, lg, s, err);
     }
-    if (st || part == CU_BLOCK_ROUTER) return st;
+    if (st || part == CU_BLOCK_ROUTER) return pending ? shared_join(c, st, err) : st;
     /* from here on every launch on s follows a kernel: programmatic dependent launches */
     if (!routed)
         st = cu_moe_route(c->logits, lg, Mc, E, k, sh->renorm, c->ids, c->wts, sh->generic, true, s, err);
@@ -130,28 +176,12 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
     const bool grouped = sh->grouped;
     if (!st && grouped)
         st = cu_mm_group(c->ids, Mc * k, E, c->n_groups, c->g_mat, c->g_start, c->g_count, c->perm, true, s, err);
-    if (st) return st;
-    const bool all = sh->tp_rank < 0;
-    const int r0 = all ? 0 : sh->tp_rank, r1 = all ? T : sh->tp_rank + 1;
     for (int r = r0; r < r1 && !st; r++) {
         const int ri = r - sh->rank0;
-        if (ly->has_shared) {
-            TD_CU_TRY(err, cudaEventRecord(c->ev_fork, s));
-            TD_CU_TRY(err, cudaStreamWaitEvent(s2, c->ev_fork, 0));
-            if (ly->sh_mm) {
-                st = mm_expert(sh, c, &ly->sh13, &ly->sh2, ri, 1, false, false, Mc, isl, c->sh_act, c->sh_act16,
-                               c->sh_out, false, s2, err);
-            } else {
-                st = cu_moe_w13(ly->sh_gate, ly->sh_up, r * isl, isl, NULL, 1, Mc, c->xa, H, act, c->sh_act, s2, err);
-                if (!st) st = cu_moe_w2(ly->sh_down, r * isl, isl, NULL, Mc, c->sh_act, H, act, c->sh_out, s2, err);
-            }
-            /* join even on failure, so that a capture can end */
-            cudaError_t ce = cudaEventRecord(c->ev_join, s2);
-            if (ce == cudaSuccess) ce = cudaStreamWaitEvent(s, c->ev_join, 0);
-            if (!st && ce != cudaSuccess)
-                st = td_err_set(err, TD_ERR_INTERNAL, "engine cuda: joining the shared-expert stream: %s",
-                                cudaGetErrorString(ce));
-            if (st) return st;
+        if (shared && r > r0) { /* the next rank's shared expert, after the previous combine */
+            st = shared_fork(sh, ly, c, r, Mc, err);
+            pending = true;
+            if (st) break;
         }
         if (ly->mm) {
             st = mm_expert(sh, c, &ly->w13, &ly->w2, ri, sh->nr, true, grouped, Mc, il, c->act, c->act16, c->eout, true,
@@ -160,11 +190,15 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
             st = cu_moe_w13(ly->gate, ly->up, r * il, il, c->ids, k, Mc * k, c->xa, H, act, c->act, s, err);
             if (!st) st = cu_moe_w2(ly->down, r * il, il, c->ids, Mc * k, c->act, H, act, c->eout, s, err);
         }
+        if (pending) {
+            st = shared_join(c, st, err);
+            pending = false;
+        }
         if (!st)
             st = cu_moe_combine(c->wts, c->eout, k, ly->has_shared ? c->logits + E : NULL, lg, c->sh_out, Mc, H, act,
                                 r == r0 ? 0 : 1, c->out, true, s, err);
     }
+    if (pending) st = shared_join(c, st, err);
     if (!st && all) st = cu_moe_round(c->out, c->out, Mc * H, act, s, err);
     return st;
 }
-

@@ -2,14 +2,15 @@
  * cuda/moe_mma.cuh) that the engine runs for a chunk of tokens and that bench/gpu/moe_decode
  * times, so that the bench measures exactly the engine's path.
  *
- * The sequence (on ws->s; the shared expert on ws->s2 between a fork after the router and a
- * join before the combine, so it overlaps the routed experts):
+ * The sequence (on ws->s; the shared expert on ws->s2 between a fork after the round and a
+ * join before the combine, so it overlaps the router, the routing and the routed experts):
  *   round x to act (plus the 16-bit copy on the tensor-core path)
  *   router logits and the shared-gate dot (one BF16 matrix of E + 1 rows on the tensor-core
  *     path; CUDA-core dot products otherwise) into logits [M, lg_ld] (gate at column E)
  *   routing (unless routes are imposed), grouping (moe_dispatch=grouped)
  *   per TP rank: shared expert (W13 + SwiGLU, W2), routed experts (W13 + SwiGLU, W2), combine
- *   (rank outputs added in rank order; rounded once more for tp_rank=all)
+ *   (rank outputs added in rank order; rounded once more for tp_rank=all; the shared expert
+ *   of a later rank forks after the previous rank's combine)
  * Every kernel launched on ws->s after the first is a programmatic dependent launch
  * (common.cuh): it may start while its predecessor runs and waits for it before any access.
  * CU_BLOCK_ROUTER stops after the logits; CU_BLOCK_ROUTED runs only grouping and the routed

@@ -26,7 +26,8 @@
  *   cublas  the same block with the weights dequantized to BF16 and cuBLAS (GemmEx for the
  *           router and the shared expert, GemmBatchedEx over the slots for the routed
  *           experts, pointer arrays prepared per route set) plus the engine's routing and
- *           combine kernels and a SwiGLU kernel
+ *           combine kernels and a SwiGLU kernel; the shared expert on a second stream from
+ *           the rounded input on, as in the engine
  * Byte floors: bytes the call must read at least (routed: the distinct experts of the call's
  * routes x this storage's W13+W2 bytes incl. scales, plus the input and output activations;
  * block: plus the router and the shared expert) over the copy bandwidth measured here
@@ -160,10 +161,10 @@ typedef struct blas {
                                    const void *, const void *const *, cudaDataType, int, const void *const *,
                                    cudaDataType, int, const void *, void *const *, cudaDataType, int, int,
                                    cublasComputeType_t, cublasGemmAlgo_t);
-    cublasHandle_t h;
+    cublasHandle_t h, h2; /* h on the main stream, h2 on the second (the shared expert) */
 } blas;
 
-static bool blas_open(blas *b, const char *path, cudaStream_t s)
+static bool blas_open(blas *b, const char *path, cudaStream_t s, cudaStream_t s2)
 {
     memset(b, 0, sizeof *b);
     const char *cands[] = {path, "libcublas.so.13", "libcublas.so.12", "libcublas.so"};
@@ -177,7 +178,8 @@ static bool blas_open(blas *b, const char *path, cudaStream_t s)
     b->gemm_batched = (decltype(b->gemm_batched))dlsym(b->lib, "cublasGemmBatchedEx");
     if (!b->create || !b->destroy || !b->set_stream || !b->gemm || !b->gemm_batched) return false;
     if (b->create(&b->h) != CUBLAS_STATUS_SUCCESS) return false;
-    return b->set_stream(b->h, s) == CUBLAS_STATUS_SUCCESS;
+    if (b->create(&b->h2) != CUBLAS_STATUS_SUCCESS) return false;
+    return b->set_stream(b->h, s) == CUBLAS_STATUS_SUCCESS && b->set_stream(b->h2, s2) == CUBLAS_STATUS_SUCCESS;
 }
 
 #define BL(x)                                                                                     \
@@ -191,10 +193,10 @@ static bool blas_open(blas *b, const char *path, cudaStream_t s)
     } while (0)
 
 /* y [M, N] (row-major, FP32) = x [M, K] (BF16) . W [N, K]^T (BF16). */
-static void gemm_rowmajor(blas *b, const void *W, const void *x, float *y, int N, int M, int K)
+static void gemm_rowmajor(cublasHandle_t h, blas *b, const void *W, const void *x, float *y, int N, int M, int K)
 {
     const float one = 1.0f, zero = 0.0f;
-    BL(b->gemm(b->h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, W, CUDA_R_16BF, K, x, CUDA_R_16BF, K, &zero, y,
+    BL(b->gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, W, CUDA_R_16BF, K, x, CUDA_R_16BF, K, &zero, y,
                CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -524,7 +526,7 @@ int main(int argc, char **argv)
 
     /* ---- cuBLAS baseline data ---- */
     blas bl;
-    const bool have_blas = !o.no_cublas && blas_open(&bl, o.cublas, s);
+    const bool have_blas = !o.no_cublas && blas_open(&bl, o.cublas, s, ws.s2);
     uint16_t *bw13 = NULL, *bw2 = NULL, *bsh13 = NULL, *bsh2 = NULL, *xb = NULL, *ab = NULL, *shab = NULL;
     uint16_t *brouter = NULL;
     float *h13 = NULL, *shh = NULL;
@@ -606,7 +608,14 @@ int main(int argc, char **argv)
                 const int n = (int)(M * k);
                 TRYE(cu_moe_round(ws.x, ws.xa, M * H, o.act, s, &err), err);
                 k_to_bf16<<<(unsigned)((M * H + 255) / 256), 256, 0, s>>>(ws.xa, xb, M * H);
-                gemm_rowmajor(&bl, brouter, xb, ws.logits, (int)(E + 1), (int)M, (int)H);
+                /* the shared expert on the second stream from here on, as in the engine */
+                CK(cudaEventRecord(ws.ev_fork, s));
+                CK(cudaStreamWaitEvent(ws.s2, ws.ev_fork, 0));
+                gemm_rowmajor(bl.h2, &bl, bsh13, xb, shh, (int)(2 * isl), (int)M, (int)H);
+                k_swiglu_bf16<<<(unsigned)((M * isl + 255) / 256), 256, 0, ws.s2>>>(shh, shab, M, isl);
+                gemm_rowmajor(bl.h2, &bl, bsh2, shab, ws.sh_out, (int)H, (int)M, (int)isl);
+                CK(cudaEventRecord(ws.ev_join, ws.s2));
+                gemm_rowmajor(bl.h, &bl, brouter, xb, ws.logits, (int)(E + 1), (int)M, (int)H);
                 TRYE(cu_moe_route(ws.logits, ws.lg_ld, M, E, k, true, ids_scratch, wts_scratch, o.generic, false, s, &err), err);
                 BL(bl.gemm_batched(bl.h, CUBLAS_OP_T, CUBLAS_OP_N, (int)(2 * il), 1, (int)H, &one,
                                    (const void *const *)parr_w13[(size_t)si], CUDA_R_16BF, (int)H,
@@ -619,9 +628,7 @@ int main(int argc, char **argv)
                                    (const void *const *)parr_a[(size_t)si], CUDA_R_16BF, (int)il, &zero,
                                    parr_y[(size_t)si], CUDA_R_32F, (int)H, n, CUBLAS_COMPUTE_32F,
                                    CUBLAS_GEMM_DEFAULT));
-                gemm_rowmajor(&bl, bsh13, xb, shh, (int)(2 * isl), (int)M, (int)H);
-                k_swiglu_bf16<<<(unsigned)((M * isl + 255) / 256), 256, 0, s>>>(shh, shab, M, isl);
-                gemm_rowmajor(&bl, bsh2, shab, ws.sh_out, (int)H, (int)M, (int)isl);
+                CK(cudaStreamWaitEvent(s, ws.ev_join, 0));
                 TRYE(cu_moe_combine(ws.wts, ws.eout, k, ws.logits + E, ws.lg_ld, ws.sh_out, M, H, o.act, 0, ws.out, false,
                                     s, &err),
                      err);
