@@ -3,11 +3,13 @@
 
 #include <string.h>
 
-static void mm_groups(const cu_block_shape *sh, const cu_block_ws *ws, cu_mm_call *m, bool grouped, int64_t nslots)
+static void mm_groups(const cu_block_shape *sh, const cu_qmat *w13, const cu_qmat *w2, const cu_block_ws *ws,
+                      cu_mm_call *m, bool grouped, int64_t nslots)
 {
     const int64_t E = sh->E;
     m->nslots = nslots;
     if (grouped) {
+        m->pack = cu_mm_group_pack(nslots, w13, w2, sh->generic); /* as cut by cu_mm_group */
         m->n_groups = ws->n_groups;
         m->g_mat = ws->g_mat;
         m->g_start = ws->g_start;
@@ -43,7 +45,7 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
     m.mats_per_expert = mats;
     m.mat_off = ri;
     if (routed_slots) {
-        mm_groups(sh, ws, &m, grouped, Mc * k);
+        mm_groups(sh, w13, w2, ws, &m, grouped, Mc * k);
         m.in_div = k;
     } else {
         mm_range_groups(&m, Mc);
@@ -125,7 +127,8 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
         if (!ly->mm)
             return td_err_set(err, TD_ERR_UNSUPPORTED, "cuda moe: the routed part alone runs on the tensor-core path only");
         if (sh->grouped)
-            st = cu_mm_group(c->ids, Mc * k, E, c->n_groups, c->g_mat, c->g_start, c->g_count, c->perm, false, s, err);
+            st = cu_mm_group(c->ids, Mc * k, E, cu_mm_group_pack(Mc * k, &ly->w13, &ly->w2, sh->generic), c->n_groups,
+                             c->g_mat, c->g_start, c->g_count, c->perm, false, s, err);
         if (!st) st = mm_expert(sh, c, &ly->w13, &ly->w2, 0, sh->nr, true, sh->grouped, Mc, il, c->act, c->act16,
                                 c->eout, sh->grouped, s, err);
         return st;
@@ -175,7 +178,8 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
         st = cu_moe_route(c->logits, lg, Mc, E, k, sh->renorm, c->ids_discard, c->wts_discard, sh->generic, true, s, err);
     const bool grouped = sh->grouped;
     if (!st && grouped)
-        st = cu_mm_group(c->ids, Mc * k, E, c->n_groups, c->g_mat, c->g_start, c->g_count, c->perm, true, s, err);
+        st = cu_mm_group(c->ids, Mc * k, E, cu_mm_group_pack(Mc * k, &ly->w13, &ly->w2, sh->generic), c->n_groups,
+                         c->g_mat, c->g_start, c->g_count, c->perm, true, s, err);
     for (int r = r0; r < r1 && !st; r++) {
         const int ri = r - sh->rank0;
         if (shared && r > r0) { /* the next rank's shared expert, after the previous combine */

@@ -447,8 +447,9 @@ __device__ __forceinline__ void store16(uint16_t *p, float v, int act)
 }
 
 /* Epilogue of one row tile: v[nt][e] final sums (e: 0,1 row g tokens 2q, 2q+1; 2,3 row g+8). */
+template <int NA>
 __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int count, const int32_t *plist,
-                                            int64_t slot0, int lane, int ntn, const float v[2][4])
+                                            int64_t slot0, int lane, int ntn, const float v[NA][4])
 {
     const int g = lane >> 2, q = lane & 3;
     for (int nt = 0; nt < ntn; nt++)
@@ -555,7 +556,7 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 :
     if (WK < 2) /* NVFP4 sums carry the decode's 2^-14: scale back exactly */
         for (int nt = 0; nt < 2; nt++)
             for (int e = 0; e < 4; e++) v[nt][e] = __fmul_rn(v[nt][e], 16384.0f);
-    mm_epilogue(c, rt, count, plist, slot0, lane, ntn, v);
+    mm_epilogue<2>(c, rt, count, plist, slot0, lane, ntn, v);
 }
 
 /* ==== the decode kernel =========================================================================
@@ -571,9 +572,12 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 :
  * the group's input rows are staged. */
 
 /* Blocks per SM the decode kernel is built for (registers), at most, and warps per block:
- * NT = 1: 3 blocks of 8 warps; NT = 2 (whose staged rows take most of the shared memory, so
- * one block fits per SM): 1 block of 16 warps. */
+ * NT = 1: 3 blocks of 8 warps; NT = 2 or 3 (whose staged rows take most of the shared memory,
+ * so one block fits per SM): 1 block of 16 warps. */
 #define DEC_BLOCKS 3
+/* Most 8-token tiles of one decode-kernel group (the extent of its accumulator arrays); groups
+ * of up to 24 slots (grouped prefill, cu_mm_group_pack) run with NT = 3. */
+#define DEC_NA 3
 template <int NT> struct dec_occupancy {
     static constexpr int blocks = NT == 1 ? DEC_BLOCKS : 1;
     static constexpr int warps = NT == 1 ? 8 : 16;
@@ -721,7 +725,7 @@ template <int WK, int CH, int DW> struct dec_stream {
  * accumulators stay 0 and are never stored). */
 template <int WK, int ACT, int CH, int NT, bool ONE = false>
 __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, const uint8_t *buf, const uint32_t *xs,
-                                          int step0, int lane, float acc[2][4])
+                                          int step0, int lane, float acc[DEC_NA][4])
 {
     typedef dec_sizes<WK, CH> Z;
     const cu_mm_call &c = a.c;
@@ -730,16 +734,16 @@ __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, co
     /* B column g of tile nt is token nt*8 + g; past the group's count the lane reads the last
      * token's row instead of zeros: that column is computed and never stored (a column of D
      * depends on its own column of B only), and the loads need no predicate */
-    const uint4 *xrow[2];
+    const uint4 *xrow[NT];
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++) {
+    for (int nt = 0; nt < NT; nt++) {
         const int row = nt * 8 + g < p.count ? nt * 8 + g : p.count - 1;
         xrow[nt] = reinterpret_cast<const uint4 *>(xs + row * (int)a.geo.xs_w + q * 4) + step0 * 4;
     }
     float2 glob = make_float2(0.f, 0.f);
     if (WK == 1) glob = c.W.g[p.mat];
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++)
+    for (int nt = 0; nt < DEC_NA; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
 #pragma unroll
@@ -783,6 +787,82 @@ __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, co
     }
 }
 
+/* Sum of v over the block (every thread gets it); red: 32 words of shared memory, free on
+ * entry and exit. */
+__device__ __forceinline__ long long block_sum(long long v, long long *red)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    long long t = 0;
+    for (int w = 0; w < nw; w++) t += red[w];
+    __syncthreads();
+    return t;
+}
+
+/* Exclusive prefix of v over the block's threads in thread order, and the total. */
+__device__ __forceinline__ long long block_excl(long long v, long long *red, long long &total)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
+    long long incl = v;
+    for (int off = 1; off < 32; off <<= 1) {
+        const long long o = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += o;
+    }
+    if (lane == 31) red[warp] = incl;
+    __syncthreads();
+    long long before = 0;
+    total = 0;
+    for (int w = 0; w < nw; w++) {
+        if (w < warp) before += red[w];
+        total += red[w];
+    }
+    __syncthreads();
+    return before + incl - v;
+}
+
+/* Grouped prefill calls (device groups, NT >= 2): the groups' items differ in cost (a step's
+ * weights are decoded once per group, then multiplied once per 8-token tile), so the blocks
+ * take contiguous ranges of equal cost instead of equal item counts: an item of a group of
+ * c slots costs 2 + its tiles (min(ceil(c / 8), NT)); block b's range is the items whose
+ * cost-ordered start lies in [b T / B, (b + 1) T / B), T the total. Every thread gets the
+ * same it0, it1 (the whole block calls this; which block computes an item changes no bit). */
+template <int NT>
+__device__ __forceinline__ void dec_range_cost(const cu_mm_call &c, int tbx, int &it0, int &it1)
+{
+    __shared__ long long red[32];
+    const int G = *c.n_groups, nth = (int)blockDim.x, tid = (int)threadIdx.x;
+    long long w_all = 0;
+    for (int g = tid; g < G; g += nth) {
+        const int t = (c.g_count[g] + 7) / 8;
+        w_all += 2 + (t < NT ? t : NT);
+    }
+    const long long T = block_sum(w_all, red) * tbx, B = gridDim.x, b = blockIdx.x;
+    const long long t0 = T * b / B, t1 = T * (b + 1) / B;
+    /* items with a start below t: in group g (start lo = tbx * (cost of the groups before g),
+     * w per item), min(tbx, max(0, ceil((t - lo) / w))) */
+    long long f0 = 0, f1 = 0, carry = 0;
+    for (int base = 0; base < G; base += nth) {
+        const int g = base + tid;
+        long long w = 0;
+        if (g < G) {
+            const int t = (c.g_count[g] + 7) / 8;
+            w = 2 + (t < NT ? t : NT);
+        }
+        long long chunk;
+        const long long lo = (carry + block_excl(w, red, chunk)) * tbx;
+        if (g < G) {
+            const long long n0 = t0 > lo ? (t0 - lo + w - 1) / w : 0, n1 = t1 > lo ? (t1 - lo + w - 1) / w : 0;
+            f0 += n0 < tbx ? n0 : tbx;
+            f1 += n1 < tbx ? n1 : tbx;
+        }
+        carry += chunk;
+    }
+    it0 = (int)block_sum(f0, red);
+    it1 = (int)block_sum(f1, red);
+}
+
 /* ONE: every group has one slot (direct dispatch), NT = 1. */
 template <int WK, int ACT, int CH, int NT, bool ONE = false>
 __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<NT>::blocks)
@@ -805,10 +885,15 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
     if (!early) cu_pdl_wait();
     cu_pdl_release();
     /* items: groups x blocks of DW row tiles, item = g * tbx + tb; this block's contiguous share */
-    const int groups = c.perm ? *c.n_groups : (int)((c.nslots + c.pack - 1) / c.pack);
-    const int n_items = groups * tbx;
-    const int it0 = (int)((int64_t)blockIdx.x * n_items / gridDim.x);
-    const int it1 = (int)((int64_t)(blockIdx.x + 1) * n_items / gridDim.x);
+    int it0, it1;
+    if (NT >= 2 && c.perm) {
+        dec_range_cost<NT>(c, tbx, it0, it1);
+    } else {
+        const int groups = c.perm ? *c.n_groups : (int)((c.nslots + c.pack - 1) / c.pack);
+        const int n_items = groups * tbx;
+        it0 = (int)((int64_t)blockIdx.x * n_items / gridDim.x);
+        it1 = (int)((int64_t)(blockIdx.x + 1) * n_items / gridDim.x);
+    }
     if (it0 >= it1) return;
     if (lane < DEC_STAGES) mbar_init(&bar[lane]);
     mbar_init_fence();
@@ -830,16 +915,23 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
     for (int it = it0; it < it1; it++) {
         const int rt = cur.tb * DW + warp;
         const bool live = rt < RT;
-        float v[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        float v[DEC_NA][4];
+#pragma unroll
+        for (int nt = 0; nt < DEC_NA; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[nt][e] = 0.0f;
         for (int ch = 0; ch < NC; ch++) {
             if (live) {
                 mbar_wait(&bar[slot], phases >> slot & 1u);
                 phases ^= 1u << slot;
-                float p[2][4];
+                float p[DEC_NA][4];
+                /* uniform branches: tiles past the group's slots would be dropped */
                 if (ONE)
                     dec_chunk<WK, ACT, CH, 1, true>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
-                else if (NT == 2 && cur.count <= 8) /* uniform: the second tile would be dropped */
+                else if (NT >= 2 && cur.count <= 8)
                     dec_chunk<WK, ACT, CH, 1>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
+                else if (NT == 3 && cur.count <= 16)
+                    dec_chunk<WK, ACT, CH, 2>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
                 else
                     dec_chunk<WK, ACT, CH, NT>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
 #pragma unroll
@@ -857,7 +949,8 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) v[nt][e] = __fmul_rn(v[nt][e], 16384.0f); /* the codes' 2^-14 */
-            mm_epilogue(c, rt, cur.count, cur.plist, cur.slot0, lane, NT == 2 && cur.count > 8 ? 2 : 1, v);
+            const int ntn = (cur.count + 7) / 8;
+            mm_epilogue<DEC_NA>(c, rt, cur.count, cur.plist, cur.slot0, lane, ntn < NT ? ntn : NT, v);
         }
         if (it + 1 < it1) {
             const dec_pos nxt = dec_next(a, cur, tbx);
@@ -873,42 +966,66 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
 /* k_group's slot-id array, padded past its end (to a multiple of 4 words, plus 4) so that the
  * compiler's wide loads of the last ids never reach into the counts that follow. */
 __host__ __device__ static inline int64_t group_sid_words(int64_t nslots) { return (nslots + 3) / 4 * 4 + 4; }
-/* int32 words before the 8-byte aligned scan partials of k_group's shared memory. */
-__host__ __device__ static inline int64_t group_off(int64_t nslots, int64_t E)
+/* int32 words before the 8-byte aligned scan partials of k_group's shared memory, with `seg`
+ * segments (per-segment counts of every expert). */
+__host__ __device__ static inline int64_t group_off(int64_t nslots, int64_t E, int seg)
 {
-    return (group_sid_words(nslots) + E + 1) / 2 * 2;
+    return (group_sid_words(nslots) + (int64_t)seg * E + 1) / 2 * 2;
 }
 
-/* Grouped dispatch on one block: count per expert, exclusive scans of slots and packs, then
- * every expert writes its packs and its slots in ascending slot order. */
-__global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int64_t nslots, int64_t E, int P,
+/* Grouped dispatch on one block, O(slots + segments x experts):
+ * 1. the slots are cut into `seg` contiguous segments (seg <= the block's warps); warp w walks
+ *    segment w 32 slots at a time and counts each expert's slots in it (lanes holding the same
+ *    expert found by one match, its lowest lane adds their number: no atomics);
+ * 2. thread t owns experts [t*per, (t+1)*per): their totals (sums over the segments) are
+ *    scanned over the threads into each expert's first slot and first pack (exclusive
+ *    prefixes of slots and packs); each expert writes its packs and turns its per-segment
+ *    counts into the first position of each segment's slots;
+ * 3. warp w walks its segment again and writes every slot at its expert's position for the
+ *    segment plus its rank among the lanes of that expert.
+ * So perm lists each expert's slots in ascending slot order, the same for every run. Slots
+ * whose id is outside [0, E) are in no group. */
+__global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int64_t nslots, int64_t E, int P, int seg,
                                                          int32_t *n_groups, int32_t *g_mat, int32_t *g_start,
                                                          int32_t *g_count, int32_t *perm)
 {
     extern __shared__ int32_t sh[];
-    int32_t *sid = sh;                    /* [nslots], padded to group_sid_words */
-    int32_t *cnt = sid + group_sid_words(nslots); /* [E] */
-    long long *part = reinterpret_cast<long long *>(sh + group_off(nslots, E)); /* [64] */
-    const int tid = threadIdx.x;
+    const int ns = (int)nslots, ne = (int)E;
+    const int sw = (int)group_sid_words(nslots);
+    int32_t *sid = sh;      /* [nslots], padded to group_sid_words with -1 */
+    int32_t *wc = sh + sw;  /* [seg][E]: counts, then first positions */
+    long long *part = reinterpret_cast<long long *>(sh + group_off(nslots, E, seg)); /* [64] */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     cu_pdl_wait();
     cu_pdl_release();
-    for (int64_t s = tid; s < group_sid_words(nslots); s += GROUP_THREADS) sid[s] = s < nslots ? ids[s] : -1;
-    __syncthreads();
-    for (int64_t e = tid; e < E; e += GROUP_THREADS) {
-        int32_t n = 0;
-        for (int64_t s = 0; s < nslots; s++) n += sid[s] == (int32_t)e;
-        cnt[e] = n;
+    for (int s = tid; s < sw; s += GROUP_THREADS) {
+        const int32_t id = s < ns ? ids[s] : -1;
+        sid[s] = id >= 0 && id < ne ? id : -1;
     }
+    for (int i = tid; i < seg * ne; i += GROUP_THREADS) wc[i] = 0;
+    __syncthreads();
+    const int len = (ns + seg - 1) / seg;
+    const int s0 = warp * len, s1 = s0 + len < ns ? s0 + len : ns;
+    if (warp < seg)
+        for (int base = s0; base < s1; base += 32) {
+            const int s = base + lane;
+            const int32_t e = s < s1 ? sid[s] : -1;
+            const unsigned m = __match_any_sync(0xffffffffu, e);
+            if (e >= 0 && lane == __ffs(m) - 1) wc[warp * ne + e] += __popc(m);
+            __syncwarp(); /* the next leader of this expert may be another lane */
+        }
     __syncthreads();
     /* thread t owns experts [t*per, (t+1)*per): packed (slots << 32 | packs) partial sums */
-    const int64_t per = (E + GROUP_THREADS - 1) / GROUP_THREADS;
-    const int64_t e0 = tid * per, e1 = e0 + per < E ? e0 + per : E;
+    const int per = (ne + GROUP_THREADS - 1) / GROUP_THREADS;
+    const int e0 = tid * per, e1 = e0 + per < ne ? e0 + per : ne;
     long long mine = 0;
-    for (int64_t e = e0; e < e1; e++)
-        mine += ((long long)cnt[e] << 32) + (cnt[e] + P - 1) / P;
+    for (int e = e0; e < e1; e++) {
+        int n = 0;
+        for (int w = 0; w < seg; w++) n += wc[w * ne + e];
+        mine += ((long long)n << 32) + (n + P - 1) / P;
+    }
     /* inclusive scan of `mine` over the threads: within each warp by shuffles, then the 32
      * warp totals by warp 0, then each warp adds the totals of the warps before it */
-    const int lane = tid & 31, warp = tid >> 5;
     long long incl = mine;
     for (int off = 1; off < 32; off <<= 1) {
         const long long o = __shfl_up_sync(0xffffffffu, incl, off);
@@ -928,26 +1045,58 @@ __global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int
     if (warp > 0) incl += part[32 + warp - 1];
     long long run = incl - mine; /* exclusive prefix */
     if (tid == GROUP_THREADS - 1) *n_groups = (int32_t)(incl & 0xffffffffll);
-    for (int64_t e = e0; e < e1; e++) {
-        const int32_t n = cnt[e];
-        int32_t sbase = (int32_t)(run >> 32), gbase = (int32_t)(run & 0xffffffffll);
+    for (int e = e0; e < e1; e++) {
+        const int32_t sbase = (int32_t)(run >> 32), gbase = (int32_t)(run & 0xffffffffll);
+        int32_t pos = sbase;
+        for (int w = 0; w < seg; w++) { /* per-segment counts -> first positions */
+            const int32_t c = wc[w * ne + e];
+            wc[w * ne + e] = pos;
+            pos += c;
+        }
+        const int32_t n = pos - sbase;
         for (int32_t j = 0; j * P < n; j++) {
             g_mat[gbase + j] = (int32_t)e;
             g_start[gbase + j] = sbase + j * P;
             g_count[gbase + j] = n - j * P < P ? n - j * P : P;
         }
-        if (n) {
-            int32_t pos = sbase;
-            for (int64_t s = 0; s < nslots && pos < sbase + n; s++)
-                if (sid[s] == (int32_t)e) perm[pos++] = (int32_t)s;
-        }
         run += ((long long)n << 32) + (n + P - 1) / P;
     }
+    __syncthreads();
+    if (warp < seg)
+        for (int base = s0; base < s1; base += 32) {
+            const int s = base + lane;
+            const int32_t e = s < s1 ? sid[s] : -1;
+            const unsigned m = __match_any_sync(0xffffffffu, e);
+            if (e >= 0) perm[wc[warp * ne + e] + __popc(m & ((1u << lane) - 1u))] = s;
+            __syncwarp();
+            if (e >= 0 && lane == __ffs(m) - 1) wc[warp * ne + e] += __popc(m);
+            __syncwarp();
+        }
 }
 
 /* ==== launchers ============================================================================== */
 
 #define MM_SMEM_MAX (200 * 1024)
+/* The decode kernel's dynamic shared memory, at most: the SM's 227 KB less its static barriers
+ * (24 staged rows of K = 2560 plus the rings of 16 warps take 221.5 KB). */
+#define DEC_SMEM_MAX (227 * 1024 - 1024)
+
+static size_t dec_smem(int rings, int xrows, int64_t xs_w) { return (size_t)rings + (size_t)xrows * (size_t)xs_w * 4; }
+
+/* Whether calls of matrix W with groups of up to xrows slots run on the decode kernel: NVFP4,
+ * not `generic`, chunks of exactly 5 or 10 steps, 16-byte aligned weights and scales, and the
+ * rings plus the staged rows within its shared memory. */
+static bool dec_fits(const cu_qmat *W, int generic, int xrows)
+{
+    if (generic || W->kind != CU_W_NVFP4 || xrows < 1 || xrows > CU_MM_PACK_DEC) return false;
+    const mm_geo g = geo_of(W->K);
+    if (!(g.chunk == 10 || g.chunk == 5) || g.KS != g.NC * g.chunk || ((uintptr_t)W->w & 15) || ((uintptr_t)W->s & 15))
+        return false;
+    const int wk = W->raw ? 1 : 0, nt = (xrows + 7) / 8;
+    const int warps = nt == 1 ? dec_occupancy<1>::warps : dec_occupancy<2>::warps;
+    const int rings = DEC_STAGES * warps * (g.chunk * 256 + g.chunk * (wk == 0 ? 64 : 32));
+    return dec_smem(rings, xrows, g.xs_w) <= DEC_SMEM_MAX;
+}
 
 template <int WK, int ACT, int NTMAX>
 static cudaError_t set_smem_limit(void)
@@ -958,12 +1107,14 @@ static cudaError_t set_smem_limit(void)
 template <int WK, int ACT, int CH>
 static cudaError_t set_dec_smem(void)
 {
-    cudaError_t e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX);
+    cudaError_t e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX);
+        e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 MM_SMEM_MAX);
+                                 DEC_SMEM_MAX);
     return e;
 }
 
@@ -995,20 +1146,34 @@ td_status cu_mm_init(td_err *err)
 
 int64_t cu_mm_pack(int64_t nslots) { return nslots < 256 ? CU_MM_PACK / 2 : CU_MM_PACK; }
 
+int64_t cu_mm_group_pack(int64_t nslots, const cu_qmat *w13, const cu_qmat *w2, int generic)
+{
+    if (nslots >= 256 && dec_fits(w13, generic, CU_MM_PACK_DEC) && dec_fits(w2, generic, CU_MM_PACK_DEC))
+        return CU_MM_PACK_DEC;
+    return cu_mm_pack(nslots);
+}
+
 int64_t cu_mm_group_bound(int64_t nslots, int64_t E)
 {
     return (nslots < E ? nslots : E) + nslots / cu_mm_pack(nslots) + 1;
 }
 
-td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int32_t *n_groups, int32_t *g_mat,
+td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int64_t pack, int32_t *n_groups, int32_t *g_mat,
                       int32_t *g_start, int32_t *g_count, int32_t *perm, bool pdl, cudaStream_t s, td_err *err)
 {
-    const size_t bytes = (size_t)group_off(nslots, E) * 4 + 64 * sizeof(long long);
+    if (pack < cu_mm_pack(nslots) || pack > CU_MM_PACK_DEC)
+        return td_err_set(err, TD_ERR_RANGE, "cuda moe: grouping %lld slots in packs of %lld", (long long)nslots,
+                          (long long)pack);
+    /* segments: one per warp where shared memory allows (their counts take seg x E words), at
+     * least one (then the layout is the slot ids and one count per expert) */
+    int seg = GROUP_THREADS / 32;
+    while (seg > 1 && (size_t)group_off(nslots, E, seg) * 4 + 64 * sizeof(long long) > 227 * 1024) seg /= 2;
+    const size_t bytes = (size_t)group_off(nslots, E, seg) * 4 + 64 * sizeof(long long);
     if (nslots < 1 || E < 1 || bytes > 227 * 1024 || nslots >= (1ll << 31) / 2)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: grouping %lld slots over %lld experts is outside the kernel's "
                                              "range", (long long)nslots, (long long)E);
     TD_CU_TRY(err, cu_launch(k_group, dim3(1), dim3(GROUP_THREADS), bytes, s, pdl, ids, nslots, E,
-                             (int)cu_mm_pack(nslots), n_groups, g_mat, g_start, g_count, perm));
+                             (int)pack, seg, n_groups, g_mat, g_start, g_count, perm));
     TD_CU_LAUNCHED(err, "k_group");
     return TD_OK;
 }
@@ -1029,8 +1194,8 @@ template <int WK, int ACT, int CH, int NT, bool ONE = false>
 static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
 {
     constexpr int DW = dec_occupancy<NT>::warps;
-    const size_t smem = (size_t)dec_rings<WK, CH, NT>::bytes + (size_t)a.xrows * (size_t)a.geo.xs_w * 4;
-    if (smem > MM_SMEM_MAX)
+    const size_t smem = dec_smem(dec_rings<WK, CH, NT>::bytes, a.xrows, a.geo.xs_w);
+    if (smem > DEC_SMEM_MAX)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: K = %lld needs %zu bytes of shared memory per block",
                           (long long)a.c.W.K, smem);
     int dev = 0, sms = 0;
@@ -1057,23 +1222,24 @@ static td_status launch_nt(const mm_args &a, int ntmax, dim3 grid, cudaStream_t 
     return ntmax == 1 ? launch<WK, ACT, 1>(a, grid, s, err) : launch<WK, ACT, 2>(a, grid, s, err);
 }
 
-template <int WK, int ACT>
-static td_status launch_dec_ch(const mm_args &a, bool c10, bool nt2, cudaStream_t s, td_err *err)
+template <int WK, int ACT, int CH>
+static td_status launch_dec_nt(const mm_args &a, cudaStream_t s, td_err *err)
 {
-    /* direct dispatch: groups of one slot */
-    const bool one = !a.c.perm && a.c.pack == 1;
-    if (c10) {
-        if (one) return launch_dec<WK, ACT, 10, 1, true>(a, s, err);
-        return nt2 ? launch_dec<WK, ACT, 10, 2>(a, s, err) : launch_dec<WK, ACT, 10, 1>(a, s, err);
-    }
-    if (one) return launch_dec<WK, ACT, 5, 1, true>(a, s, err);
-    return nt2 ? launch_dec<WK, ACT, 5, 2>(a, s, err) : launch_dec<WK, ACT, 5, 1>(a, s, err);
+    if (!a.c.perm && a.c.pack == 1) return launch_dec<WK, ACT, CH, 1, true>(a, s, err); /* direct dispatch */
+    if (a.xrows > 16) return launch_dec<WK, ACT, CH, 3>(a, s, err);
+    return a.xrows > 8 ? launch_dec<WK, ACT, CH, 2>(a, s, err) : launch_dec<WK, ACT, CH, 1>(a, s, err);
 }
 
-static td_status launch_dec_pick(const mm_args &a, int WK, int act, bool c10, bool nt2, cudaStream_t s, td_err *err)
+template <int WK, int ACT>
+static td_status launch_dec_ch(const mm_args &a, bool c10, cudaStream_t s, td_err *err)
 {
-    if (WK == 0) return act == 1 ? launch_dec_ch<0, 1>(a, c10, nt2, s, err) : launch_dec_ch<0, 2>(a, c10, nt2, s, err);
-    return act == 1 ? launch_dec_ch<1, 1>(a, c10, nt2, s, err) : launch_dec_ch<1, 2>(a, c10, nt2, s, err);
+    return c10 ? launch_dec_nt<WK, ACT, 10>(a, s, err) : launch_dec_nt<WK, ACT, 5>(a, s, err);
+}
+
+static td_status launch_dec_pick(const mm_args &a, int WK, int act, bool c10, cudaStream_t s, td_err *err)
+{
+    if (WK == 0) return act == 1 ? launch_dec_ch<0, 1>(a, c10, s, err) : launch_dec_ch<0, 2>(a, c10, s, err);
+    return act == 1 ? launch_dec_ch<1, 1>(a, c10, s, err) : launch_dec_ch<1, 2>(a, c10, s, err);
 }
 
 td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
@@ -1086,8 +1252,8 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     if (c->in_cols > c->W.K || (c->in_cols & 15) || (c->in_ld & 7) || ((uintptr_t)c->in16 & 15))
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: input of %lld columns (ld %lld) for K = %lld",
                           (long long)c->in_cols, (long long)c->in_ld, (long long)c->W.K);
-    if (!c->perm && c->pack > 2 * 8)
-        return td_err_set(err, TD_ERR_RANGE, "cuda moe: pack %lld above 16", (long long)c->pack);
+    if (c->pack < 1 || c->pack > CU_MM_PACK_DEC)
+        return td_err_set(err, TD_ERR_RANGE, "cuda moe: pack %lld outside 1..%d", (long long)c->pack, CU_MM_PACK_DEC);
     mm_args a;
     a.c = *c;
     a.geo = geo_of(c->W.K);
@@ -1096,15 +1262,15 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     a.split = c->nslots < 256;
     const int nk = a.split ? a.geo.NC : 1, rpb = MM_MAX_WARPS / nk;
     /* staged rows: the most slots a group can hold */
-    const int64_t most = c->perm ? cu_mm_pack(c->nslots) : c->pack;
-    a.xrows = (int)(most < c->nslots ? most : c->nslots);
+    a.xrows = (int)(c->pack < c->nslots ? c->pack : c->nslots);
     const int ntmax = a.xrows > 8 ? 2 : 1;
     const int WK = c->W.kind == CU_W_NVFP4 ? (c->W.raw ? 1 : 0) : 2;
     const int64_t RT = c->W.R / 16;
     dim3 grid((unsigned)((RT + rpb - 1) / rpb), (unsigned)c->max_groups);
-    const bool dec = !c->generic && a.xrows <= 16 && WK < 2 && (a.geo.chunk == 10 || a.geo.chunk == 5) &&
-                     a.geo.KS == a.geo.NC * a.geo.chunk && !((uintptr_t)c->W.w & 15) && !((uintptr_t)c->W.s & 15);
-    if (dec) return launch_dec_pick(a, WK, c->act, a.geo.chunk == 10, a.xrows > 8, s, err);
+    if (dec_fits(&c->W, c->generic, a.xrows))
+        return launch_dec_pick(a, WK, c->act, a.geo.chunk == 10, s, err);
+    if (a.xrows > 2 * 8)
+        return td_err_set(err, TD_ERR_RANGE, "cuda moe: groups of %d slots need the decode kernel", a.xrows);
     if (WK == 0) return c->act == 1 ? launch_nt<0, 1>(a, ntmax, grid, s, err) : launch_nt<0, 2>(a, ntmax, grid, s, err);
     if (WK == 1) return c->act == 1 ? launch_nt<1, 1>(a, ntmax, grid, s, err) : launch_nt<1, 2>(a, ntmax, grid, s, err);
     return c->act == 1 ? launch_nt<2, 1>(a, ntmax, grid, s, err) : launch_nt<2, 2>(a, ntmax, grid, s, err);

@@ -54,14 +54,17 @@
  * the same bits): each warp computes whole row tiles (k_mm's unsplit order), streaming its
  * chunks of weights and scales into shared memory through the bulk-copy engine, a ring of
  * DEC_STAGES buffers per warp, while it computes the chunk before; blocks are persistent (8
- * warps for one 8-token tile, 16 for two) and take contiguous ranges of (group, one row tile
- * per warp) items. With `pdl` a launch may start while the previous kernel runs (W2 loads its
+ * warps for one 8-token tile, 16 for two or three) and take contiguous ranges of (group, one
+ * row tile per warp) items. With `pdl` a launch may start while the previous kernel runs (W2 loads its
  * weights while W13 computes). `generic` keeps every call on k_mm, so the two can be
  * compared.
  *
- * Groups: a group is one expert (matrix) and up to CU_MM_PACK slots. Direct dispatch: group g
- * is slot g alone. Grouped dispatch: cu_mm_group() sorts slots by expert (ascending expert,
- * ascending slot inside an expert) and cuts each expert's list into packs of cu_mm_pack() slots.
+ * Groups: a group is one expert (matrix) and up to `pack` slots. Direct dispatch: group g is
+ * slot g alone. Grouped dispatch: cu_mm_group() sorts slots by expert (ascending expert,
+ * ascending slot inside an expert) and cuts each expert's list into packs of `pack` slots:
+ * cu_mm_group_pack() (CU_MM_PACK_DEC = 24 for prefill-sized calls whose W13 and W2 both run on
+ * k_dec, three 8-token tiles per warp, so that an expert's tokens are read once; else
+ * cu_mm_pack()).
  * Range groups (shared expert, router): group g = slots g*P .. g*P+P-1 on matrix 0, P =
  * cu_mm_pack(tokens) (8 for decode-sized calls, so that each group is one 8-token tile).
  *
@@ -79,6 +82,8 @@
  * (256 slots or more) pack up to CU_MM_PACK, decode-sized calls up to CU_MM_PACK / 2 (one
  * 8-token tensor-core tile: fewer registers, more blocks per SM). cu_mm_pack() says which. */
 #define CU_MM_PACK 16
+/* Most slots per group on the decode kernel (prefill-sized grouped calls, cu_mm_group_pack). */
+#define CU_MM_PACK_DEC 24
 
 typedef struct cu_qmat {
     int kind;              /* CU_W_NVFP4 or CU_W_BF16 */
@@ -109,11 +114,14 @@ void cu_pack_bf16(const uint16_t *const *row_w, int64_t rows, int64_t cols, uint
 
 td_status cu_mm_init(td_err *err);
 
-/* Grouped dispatch: ids [nslots] (expert of each slot, 0 <= id < E) -> n_groups [1],
- * g_mat [G], g_start [G], g_count [G], perm [nslots] with G = cu_mm_group_bound(nslots, E). */
+/* Grouped dispatch: ids [nslots] (expert of each slot; ids outside [0, E) join no group) ->
+ * n_groups [1], g_mat [G], g_start [G], g_count [G], perm [nslots] in packs of `pack` slots
+ * (cu_mm_pack(nslots) <= pack <= CU_MM_PACK_DEC), with G = cu_mm_group_bound(nslots, E) (a
+ * bound for every such pack). cu_mm_group_pack: the pack for the routed experts W13 / W2. */
 int64_t cu_mm_pack(int64_t nslots);
+int64_t cu_mm_group_pack(int64_t nslots, const cu_qmat *w13, const cu_qmat *w2, int generic);
 int64_t cu_mm_group_bound(int64_t nslots, int64_t E);
-td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int32_t *n_groups, int32_t *g_mat,
+td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int64_t pack, int32_t *n_groups, int32_t *g_mat,
                       int32_t *g_start, int32_t *g_count, int32_t *perm, bool pdl, cudaStream_t s, td_err *err);
 
 typedef enum cu_mm_epi { CU_MM_SWIGLU = 0, CU_MM_STORE, CU_MM_F32 } cu_mm_epi;
@@ -122,7 +130,8 @@ typedef enum cu_mm_epi { CU_MM_SWIGLU = 0, CU_MM_STORE, CU_MM_F32 } cu_mm_epi;
  * - mat_of_expert: matrix index = expert * mats_per_expert + mat_off.
  * - groups: perm == NULL -> range groups (g covers slots g*pack .. g*pack+pack-1 < nslots,
  *   pack = 1 for direct dispatch with `ids`, cu_mm_pack(slots) for shared experts with ids == NULL);
- *   perm != NULL -> device groups from cu_mm_group (n_groups read on the device).
+ *   perm != NULL -> device groups from cu_mm_group (n_groups read on the device), `pack` the
+ *   pack they were cut with (groups above 16 slots only on the decode kernel).
  * - input row of slot s: in16 + (s / in_div) * in_ld, FP16 (act 1) or BF16 (act 2) bit
  *   patterns; in_cols valid columns (multiple of 16, <= K).
  * - output: SWIGLU: out[s * out_ld + c] for c < out_n (= rows / 2, intermediate columns),

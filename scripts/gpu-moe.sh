@@ -51,7 +51,9 @@ audit)
 sanitize)
   t memcheck compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --experts 64 --M 1,5,16,40 --iters 3 --sets 2 --act fp16 --dispatch grouped
   t memcheck_raw compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --experts 64 --M 3,17 --iters 3 --sets 2 --act bf16 --storage raw --tp 4
-  t racecheck compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 512 --inter 256 --shared 256 --M 1,9 --iters 2 --sets 1 --act fp16 --dispatch grouped ;;
+  # hidden 320 / inter 160: chunks of 10 and 5 steps, so W13 and W2 run on the decode kernel
+  # (one, two and three 8-token tiles at M = 1, 9 and 300) and the grouping kernel on 3,000 slots
+  t racecheck compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,300 --iters 2 --sets 1 --act fp16 --dispatch grouped ;;
 profile)
   # machine code of every instance of the two expert kernels (names are mangled: filter by header)
   cuobjdump -sass $B/moe_decode > "$out/logs/sass_all.txt" 2>&1

@@ -377,6 +377,24 @@ static void cuda_sweep(void **state)
     mf_free(&m);
 }
 
+/* Grouped dispatch with many experts: at 3,000 experts and 784 tokens the grouping kernel's
+ * per-segment counts do not fit one segment per warp, so it runs on fewer segments (16);
+ * grouped must still match ref and give the same bits as direct. */
+static void cuda_grouping_wide(void **state)
+{
+    (void)state;
+    mf_opts o;
+    shape(&o, 33, 64, 3000, 8, 32, 32);
+    mf_model m;
+    const char *dir = fixture_or_skip("gpu_group_wide", &o, &m);
+    const char *rv = "ref:scale=fp16,act_dtype=fp16", *cv = "cuda:act_dtype=fp16,moe_dispatch=grouped";
+    compare(dir, rv, cv, 4e-3, 0, 784, -1, "group");
+    compare(dir, rv, cv, 4e-3, 0, 784, 5, "group");
+    const exact_call seq[] = {{1, -1, 901}, {40, 5, 902}, {784, -1, 903}, {784, 5, 904}, {300, 4, 905}};
+    exact_seq(dir, "cuda:act_dtype=fp16", cv, 0, seq, TD_ARRAY_LEN(seq), "group");
+    mf_free(&m);
+}
+
 /* Raw storage must be refused at load, naming the tensor, element, code and reason, when a
  * block scale cannot be kept raw bit-exactly; prepared storage still loads. */
 static void cuda_raw_admission(void **state)
@@ -634,6 +652,7 @@ int main(void)
         cmocka_unit_test(cuda_sweep),
         cmocka_unit_test(cuda_decode_kernel),
         cmocka_unit_test(cuda_routing),
+        cmocka_unit_test(cuda_grouping_wide),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
