@@ -613,25 +613,24 @@ __device__ __forceinline__ void mbar_init_fence(void)
 {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
-__device__ __forceinline__ void mbar_expect(uint64_t *bar, uint32_t bytes)
+/* The issue and wait helpers take shared-memory addresses (smem_addr), computed once per warp. */
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes)
 {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
-__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t phase)
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase)
 {
     uint32_t done;
     do {
         asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
                      : "=r"(done)
-                     : "r"(smem_addr(bar)), "r"(phase)
+                     : "r"(bar), "r"(phase)
                      : "memory");
     } while (!done);
 }
@@ -674,7 +673,7 @@ __device__ __forceinline__ void dec_src(const mm_args &a, const dec_pos &p, int 
 
 /* Lane 0 issues one chunk (weights, then scales) into `buf`, completing on `bar`. */
 template <int WK, int CH>
-__device__ __forceinline__ void dec_issue(const uint8_t *gw, const uint8_t *gs, uint8_t *buf, uint64_t *bar, int lane)
+__device__ __forceinline__ void dec_issue(const uint8_t *gw, const uint8_t *gs, uint32_t buf, uint32_t bar, int lane)
 {
     typedef dec_sizes<WK, CH> Z;
     if (lane == 0) {
@@ -702,7 +701,7 @@ template <int WK, int CH, int DW> struct dec_stream {
     }
     __device__ __forceinline__ bool more(void) const { return it < it1; }
     /* Issue the cursor's chunk into `buf` (nothing for a padding tile) and advance. */
-    __device__ __forceinline__ void issue(const mm_args &a, int tbx, int warp, int lane, uint8_t *buf, uint64_t *bar)
+    __device__ __forceinline__ void issue(const mm_args &a, int tbx, int warp, int lane, uint32_t buf, uint32_t bar)
     {
         typedef dec_sizes<WK, CH> Z;
         if (rt < (int)(a.c.W.R / 16)) dec_issue<WK, CH>(gw, gs, buf, bar, lane);
@@ -907,7 +906,9 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
      * nor waited for */
     dec_stream<WK, CH, DW> is;
     is.start(a, cur, it0, it1, warp);
-    for (int st = 0; st < DEC_STAGES && is.more(); st++) is.issue(a, tbx, warp, lane, ring + st * Z::chunk, &bar[st]);
+    const uint32_t ring_s = smem_addr(ring), bar_s = smem_addr(bar); /* shared-memory addresses */
+    for (int st = 0; st < DEC_STAGES && is.more(); st++)
+        is.issue(a, tbx, warp, lane, ring_s + st * Z::chunk, bar_s + st * 8);
     if (early) cu_pdl_wait();
     stage_x<false, 4>(a, cur.plist, cur.slot0, cur.count, xs);
     int slot = 0;
@@ -922,7 +923,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
             for (int e = 0; e < 4; e++) v[nt][e] = 0.0f;
         for (int ch = 0; ch < NC; ch++) {
             if (live) {
-                mbar_wait(&bar[slot], phases >> slot & 1u);
+                mbar_wait(bar_s + slot * 8, phases >> slot & 1u);
                 phases ^= 1u << slot;
                 float p[DEC_NA][4];
                 /* uniform branches: tiles past the group's slots would be dropped */
@@ -941,7 +942,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
             }
             __syncwarp(); /* every lane is done with this buffer before it is refilled */
             /* refill this buffer with the chunk DEC_STAGES ahead */
-            if (is.more()) is.issue(a, tbx, warp, lane, ring + slot * Z::chunk, &bar[slot]);
+            if (is.more()) is.issue(a, tbx, warp, lane, ring_s + slot * Z::chunk, bar_s + slot * 8);
             slot = slot + 1 == DEC_STAGES ? 0 : slot + 1;
         }
         if (live) {
