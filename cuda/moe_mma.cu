@@ -561,11 +561,12 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 :
 
 /* ==== the decode kernel =========================================================================
  *
- * k_dec: k_mm's arithmetic for NT 8-token tiles (one or two) and chunks of exactly CH steps,
- * each warp computing whole row tiles (its NC chunks one after the other, added in chunk
- * order: k_mm's unsplit mode, the same bits as its split mode). Persistent: a grid of a few
- * blocks per SM, each block taking a contiguous range of items (item = group x DW row tiles,
- * one per warp; ranges differ by at most one item). Every warp streams its chunks through a
+ * k_dec: k_mm's arithmetic for NT 8-token tiles (one, two or three) and chunks of exactly CH
+ * steps, each warp computing whole row tiles (its NC chunks one after the other, added in
+ * chunk order: k_mm's unsplit mode, the same bits as its split mode). Persistent: a grid of a
+ * few blocks per SM, each block taking a contiguous range of items (item = group x DW row
+ * tiles, one per warp; ranges of equal item counts, or of equal cost for grouped calls with
+ * NT >= 2, dec_range_cost). Every warp streams its chunks through a
  * ring of DEC_STAGES buffers of its own, filled by the bulk-copy engine: while it computes one
  * chunk from shared memory, the next ones (of this tile or of its tile in the next item) are
  * on their way, so no block barrier is needed except where the walk enters a new group and

@@ -48,15 +48,16 @@
  * - Epilogue: W13 h = act_dtype(fl32(silu(gate) x up)), silu in double rounded once; W2
  *   y = act_dtype(sum).
  *
- * Kernels: k_mm is the general kernel. Calls of NVFP4 matrices whose groups hold at most 16
- * slots and whose K cut has chunks of exactly 5 or 10 steps (the production shapes: K = 2560,
- * 640 and the TP slices 160) run on k_dec, which computes the same sums in the same order (so
+ * Kernels: k_mm is the general kernel (groups of at most 16 slots). Calls of NVFP4 matrices
+ * whose groups hold at most 24 slots and whose K cut has chunks of exactly 5 or 10 steps (the
+ * production shapes: K = 2560, 640 and the TP slices 160), when the rings and staged rows fit
+ * the SM's shared memory, run on k_dec, which computes the same sums in the same order (so
  * the same bits): each warp computes whole row tiles (k_mm's unsplit order), streaming its
  * chunks of weights and scales into shared memory through the bulk-copy engine, a ring of
  * DEC_STAGES buffers per warp, while it computes the chunk before; blocks are persistent (8
  * warps for one 8-token tile, 16 for two or three) and take contiguous ranges of (group, one
- * row tile per warp) items. With `pdl` a launch may start while the previous kernel runs (W2 loads its
- * weights while W13 computes). `generic` keeps every call on k_mm, so the two can be
+ * row tile per warp) items. With `pdl` a launch may start while the previous kernel runs (W2
+ * loads its weights while W13 computes). `generic` keeps every call on k_mm, so the two can be
  * compared.
  *
  * Groups: a group is one expert (matrix) and up to `pack` slots. Direct dispatch: group g is
