@@ -7,8 +7,11 @@
 #             direct/grouped, TP1 and the TP4 slice), with the cuBLAS BF16 baseline
 #   audit     tandem audit layer on flash-next-moe-layer (3 layers) and on edge
 #   sanitize  compute-sanitizer memcheck and racecheck on a small bench run
-#   profile   the expert kernels' machine code (instruction counts) and an ncu profile of one
-#             decode step (M = 1) with the decode kernel and with kernels=generic
+#   profile   the expert kernels' machine code (instruction counts), an ncu profile of one
+#             decode step (M = 1) with the decode kernel and with kernels=generic, the
+#             grouping and decode kernels of one prefill call (M = 784, grouped) timed alone,
+#             and per-instruction execution counts and stall samples of the W13 decode kernel
+#             at M = 4 (sass_M4.csv.gz)
 set -u
 out=$1; shift
 secs=${*:-tests bench audit sanitize}
@@ -70,5 +73,10 @@ profile)
       --section LaunchStats --section InstructionStats \
       --metrics sass__inst_executed_per_opcode,smsp__pcsamp_warps_issue_stalled_long_scoreboard,smsp__pcsamp_warps_issue_stalled_barrier \
       $B/moe_decode --no-cublas --M 1 --iters 3 --sets 2 --act fp16 --kernels $kn
-  done ;;
+  done
+  t ncu_prefill ncu --clock-control none --kernel-name regex:'k_group|k_dec' --launch-count 3 \
+    --metrics gpu__time_duration.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    $B/moe_decode --no-cublas --M 784 --iters 1 --sets 1 --act fp16 --dispatch grouped
+  ncu --clock-control none --kernel-name regex:'k_dec' --launch-count 1 --section SourceCounters --page source \
+    --print-source sass --csv $B/moe_decode --no-cublas --M 4 --iters 1 --sets 1 --act fp16 2>&1 | gzip > "$out/logs/sass_M4.csv.gz" ;;
 esac; done
