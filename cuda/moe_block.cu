@@ -78,6 +78,16 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
     return cu_mm(&m, s, err);
 }
 
+/* Grouped dispatch: sort the call's slots by expert into packs (cu_mm_group) of the size the
+ * routed experts' W13 and W2 take (cu_mm_group_pack; mm_groups passes the same to cu_mm). */
+static td_status group_slots(const cu_block_shape *sh, const cu_block_w *ly, const cu_block_ws *c, int64_t Mc, bool pdl,
+                             td_err *err)
+{
+    const int64_t n = Mc * sh->k;
+    return cu_mm_group(c->ids, n, sh->E, cu_mm_group_pack(n, &ly->w13, &ly->w2, sh->generic), c->n_groups, c->g_mat,
+                       c->g_start, c->g_count, c->perm, pdl, c->s, err);
+}
+
 /* Fork the shared expert of rank r onto s2 (after everything enqueued on s so far) and record
  * its end in ev_join. The join record is made even on failure, so that a capture can end once
  * s waits for it (shared_join). */
@@ -126,9 +136,7 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
     if (part == CU_BLOCK_ROUTED) {
         if (!ly->mm)
             return td_err_set(err, TD_ERR_UNSUPPORTED, "cuda moe: the routed part alone runs on the tensor-core path only");
-        if (sh->grouped)
-            st = cu_mm_group(c->ids, Mc * k, E, cu_mm_group_pack(Mc * k, &ly->w13, &ly->w2, sh->generic), c->n_groups,
-                             c->g_mat, c->g_start, c->g_count, c->perm, false, s, err);
+        if (sh->grouped) st = group_slots(sh, ly, c, Mc, false, err);
         if (!st) st = mm_expert(sh, c, &ly->w13, &ly->w2, 0, sh->nr, true, sh->grouped, Mc, il, c->act, c->act16,
                                 c->eout, sh->grouped, s, err);
         return st;
@@ -177,9 +185,7 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
     else if (c->ids_discard)
         st = cu_moe_route(c->logits, lg, Mc, E, k, sh->renorm, c->ids_discard, c->wts_discard, sh->generic, true, s, err);
     const bool grouped = sh->grouped;
-    if (!st && grouped)
-        st = cu_mm_group(c->ids, Mc * k, E, cu_mm_group_pack(Mc * k, &ly->w13, &ly->w2, sh->generic), c->n_groups,
-                         c->g_mat, c->g_start, c->g_count, c->perm, true, s, err);
+    if (!st && grouped) st = group_slots(sh, ly, c, Mc, true, err);
     for (int r = r0; r < r1 && !st; r++) {
         const int ri = r - sh->rank0;
         if (shared && r > r0) { /* the next rank's shared expert, after the previous combine */

@@ -579,9 +579,10 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 :
 /* Most 8-token tiles of one decode-kernel group (the extent of its accumulator arrays); groups
  * of up to 24 slots (grouped prefill, cu_mm_group_pack) run with NT = 3. */
 #define DEC_NA 3
+__host__ __device__ constexpr int dec_warps(int nt) { return nt == 1 ? 8 : 16; }
 template <int NT> struct dec_occupancy {
     static constexpr int blocks = NT == 1 ? DEC_BLOCKS : 1;
-    static constexpr int warps = NT == 1 ? 8 : 16;
+    static constexpr int warps = dec_warps(NT);
 };
 /* Chunk buffers per warp: DEC_STAGES - 1 chunks are in flight while one is computed (at most
  * 32: one mbarrier per buffer, phases kept in one word). Deeper rings for grids of one or two
@@ -590,15 +591,20 @@ template <int NT> struct dec_occupancy {
 
 /* Bytes of one chunk of one warp: CH steps of weights (256 bytes each) and of scales (16 rows
  * x 2 blocks: FP16 prepared, E4M3 raw). */
+__host__ __device__ constexpr int dec_scale_step(int wk) { return wk == 0 ? 64 : 32; }
 template <int WK, int CH> struct dec_sizes {
     static constexpr int w = CH * 256;
-    static constexpr int s = CH * (WK == 0 ? 64 : 32);
+    static constexpr int s = CH * dec_scale_step(WK);
     static constexpr int chunk = w + s;
 };
 
 /* Bytes of a block's rings (DEC_STAGES buffers per warp), ahead of its staged rows. */
+__host__ __device__ constexpr int dec_ring_bytes(int wk, int ch, int nt)
+{
+    return dec_warps(nt) * DEC_STAGES * (ch * 256 + ch * dec_scale_step(wk));
+}
 template <int WK, int CH, int NT> struct dec_rings {
-    static constexpr int bytes = dec_occupancy<NT>::warps * DEC_STAGES * dec_sizes<WK, CH>::chunk;
+    static constexpr int bytes = dec_ring_bytes(WK, CH, NT);
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -1094,10 +1100,7 @@ static bool dec_fits(const cu_qmat *W, int generic, int xrows)
     const mm_geo g = geo_of(W->K);
     if (!(g.chunk == 10 || g.chunk == 5) || g.KS != g.NC * g.chunk || ((uintptr_t)W->w & 15) || ((uintptr_t)W->s & 15))
         return false;
-    const int wk = W->raw ? 1 : 0, nt = (xrows + 7) / 8;
-    const int warps = nt == 1 ? dec_occupancy<1>::warps : dec_occupancy<2>::warps;
-    const int rings = DEC_STAGES * warps * (g.chunk * 256 + g.chunk * (wk == 0 ? 64 : 32));
-    return dec_smem(rings, xrows, g.xs_w) <= DEC_SMEM_MAX;
+    return dec_smem(dec_ring_bytes(W->raw ? 1 : 0, g.chunk, (xrows + 7) / 8), xrows, g.xs_w) <= DEC_SMEM_MAX;
 }
 
 template <int WK, int ACT, int NTMAX>
