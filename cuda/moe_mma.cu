@@ -828,6 +828,14 @@ __device__ __forceinline__ long long block_excl(long long v, long long *red, lon
     return before + incl - v;
 }
 
+/* Cost of each item of a group of `count` slots (decode-kernel units, see dec_range_cost). */
+template <int NT>
+__device__ __forceinline__ long long dec_item_cost(int count)
+{
+    const int t = (count + 7) / 8;
+    return 2 + (t < NT ? t : NT);
+}
+
 /* Grouped prefill calls (device groups, NT >= 2): the groups' items differ in cost (a step's
  * weights are decoded once per group, then multiplied once per 8-token tile), so the blocks
  * take contiguous ranges of equal cost instead of equal item counts: an item of a group of
@@ -840,10 +848,7 @@ __device__ __forceinline__ void dec_range_cost(const cu_mm_call &c, int tbx, int
     __shared__ long long red[32];
     const int G = *c.n_groups, nth = (int)blockDim.x, tid = (int)threadIdx.x;
     long long w_all = 0;
-    for (int g = tid; g < G; g += nth) {
-        const int t = (c.g_count[g] + 7) / 8;
-        w_all += 2 + (t < NT ? t : NT);
-    }
+    for (int g = tid; g < G; g += nth) w_all += dec_item_cost<NT>(c.g_count[g]);
     const long long T = block_sum(w_all, red) * tbx, B = gridDim.x, b = blockIdx.x;
     const long long t0 = T * b / B, t1 = T * (b + 1) / B;
     /* items with a start below t: in group g (start lo = tbx * (cost of the groups before g),
@@ -851,11 +856,7 @@ __device__ __forceinline__ void dec_range_cost(const cu_mm_call &c, int tbx, int
     long long f0 = 0, f1 = 0, carry = 0;
     for (int base = 0; base < G; base += nth) {
         const int g = base + tid;
-        long long w = 0;
-        if (g < G) {
-            const int t = (c.g_count[g] + 7) / 8;
-            w = 2 + (t < NT ? t : NT);
-        }
+        const long long w = g < G ? dec_item_cost<NT>(c.g_count[g]) : 0;
         long long chunk;
         const long long lo = (carry + block_excl(w, red, chunk)) * tbx;
         if (g < G) {
