@@ -4,7 +4,9 @@
  * Layering: host packers (cu_pack_*), device helpers, kernels (k_*), launchers (cu_mm*).
  */
 #include "moe_mma.cuh"
+#include "nvfp4_layout.h"
 
+#include <stdio.h>
 #include <string.h>
 
 extern "C" {
@@ -46,8 +48,8 @@ static void eff_table(float global, int conv, uint16_t lut[256])
 /* Bit positions of fragment element j's code in its 32-bit word (see the header): register
  * J = j % 4, the low half for j < 4, the high half (+16) for j >= 4; magnitude bits at
  * mag_at[J] .. mag_at[J] + 2, the sign at sign_at[J]. */
-static const int mag_at[4] = {9, 0, 3, 12};
-static const int sign_at[4] = {15, 6, 7, 8};
+static const int mag_at[4] = {9, 6, 3, 0};
+static const int sign_at[4] = {15, 12, 14, 13};
 
 static uint32_t place(uint32_t code, int j)
 {
@@ -151,16 +153,86 @@ void cu_pack_bf16(const uint16_t *const *row_w, int64_t rows, int64_t cols, uint
 /* ==== device helpers ========================================================================= */
 
 /* A-fragment half2 register J of an NVFP4 word (the packer's `place` layout) as FP16
- * e2m1 x 2^-14: magnitude bits moved to bits 9..11 (25..27), the sign to bit 15 (31). The
- * layout puts register 0 in place already and register 1 one shift away, so a word takes 11
- * integer instructions. */
+ * e2m1 x 2^-14: magnitude bits moved to bits 9..11 (25..27), the sign to bit 15 (31).
+ * Register 0 sits in place already and register 1 one shift away; registers 2 and 3 have
+ * their magnitudes and signs at different distances from the FP16 positions, so their four
+ * bits are isolated first and moved by one multiplication by (2^a + 2^b), i.e. the sum of
+ * the word shifted by a (magnitudes) and by b (signs): the stray copies (signs shifted by a,
+ * magnitudes by b) land outside the kept bits, and no carry of their sum reaches a kept bit
+ * (checked for every code pair by td_cuda_nvfp4_layout_check). 9 integer instructions per
+ * word. */
+#define E2M1_F16_MASK 0x8E008E00u
 template <int J>
-__device__ __forceinline__ uint32_t e2m1x2_f16(uint32_t w)
+__host__ __device__ __forceinline__ uint32_t e2m1x2_f16(uint32_t w)
 {
-    if (J == 0) return w & 0x8E008E00u;
-    if (J == 1) return (w << 9) & 0x8E008E00u;
-    if (J == 2) return ((w << 6) & 0x0E000E00u) | ((w << 8) & 0x80008000u);
-    return ((w >> 3) & 0x0E000E00u) | ((w << 7) & 0x80008000u);
+    if (J == 0) return w & E2M1_F16_MASK;
+    if (J == 1) return (w << 3) & E2M1_F16_MASK;
+    if (J == 2) return ((w & 0x40384038u) * ((1u << 6) + (1u << 1))) & E2M1_F16_MASK;
+    return ((w & 0x20072007u) * ((1u << 9) + (1u << 2))) & E2M1_F16_MASK;
+}
+
+/* Host check of the packer's placement against the decode (nvfp4_layout.h): the eight
+ * placements tile the word, and every register J decodes every pair of its codes to the FP16
+ * bits of e2m1 x 2^-14 (compared with td_e2m1_to_f32, an independent decode) whatever the
+ * word's other six codes hold. */
+template <int J, int D = J>
+static int layout_check_reg(char *msg, size_t cap)
+{
+    static const uint32_t backgrounds[4] = {0u, 15u, 7u, 8u};
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+    for (int c0 = 0; c0 < 16; c0++)
+        for (int c1 = 0; c1 < 16; c1++)
+            for (int bg = 0; bg < 4 + 32; bg++) {
+                uint32_t word = place((uint32_t)c0, J) | place((uint32_t)c1, J + 4);
+                for (int j = 0; j < 8; j++) {
+                    if (j == J || j == J + 4) continue;
+                    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                    word |= place(bg < 4 ? backgrounds[bg] : (uint32_t)(rng >> 60), j);
+                }
+                const uint32_t got = e2m1x2_f16<D>(word);
+                const int codes[2] = {c0, c1};
+                for (int h = 0; h < 2; h++) {
+                    const uint16_t bits = (uint16_t)(got >> (16 * h));
+                    const float want = td_e2m1_to_f32((uint8_t)codes[h]) * 0x1p-14f;
+                    const float have = td_f16_to_f32(bits);
+                    /* signed zero included: code 8 (-0) must decode to FP16 -0 */
+                    if (memcmp(&want, &have, sizeof want) != 0) {
+                        snprintf(msg, cap,
+                                 "register %d, %s half: code %d decodes to FP16 0x%04x (%g), expected %g x 2^-14 "
+                                 "(word 0x%08x)",
+                                 J, h ? "high" : "low", codes[h], bits, (double)have,
+                                 (double)td_e2m1_to_f32((uint8_t)codes[h]), word);
+                        return 1;
+                    }
+                }
+            }
+    return 0;
+}
+
+extern "C" int td_cuda_nvfp4_layout_check(int broken, char *msg, size_t cap)
+{
+    if (broken) /* the check's own test: register 2's codes through register 3's decode */
+        return layout_check_reg<2, 3>(msg, cap);
+    uint32_t seen = 0;
+    int bits = 0;
+    for (int j = 0; j < 8; j++) {
+        const uint32_t p = place(15u, j);
+        if (seen & p) {
+            snprintf(msg, cap, "element %d's bits 0x%08x overlap earlier elements' 0x%08x", j, p, seen);
+            return 1;
+        }
+        seen |= p;
+        bits += __builtin_popcount(p);
+    }
+    if (seen != 0xFFFFFFFFu || bits != 32) {
+        snprintf(msg, cap, "the eight placements cover 0x%08x (%d bits), not the whole word", seen, bits);
+        return 1;
+    }
+    if (layout_check_reg<0>(msg, cap) || layout_check_reg<1>(msg, cap) || layout_check_reg<2>(msg, cap) ||
+        layout_check_reg<3>(msg, cap))
+        return 1;
+    snprintf(msg, cap, "ok");
+    return 0;
 }
 
 __device__ __forceinline__ uint32_t f16x2_to_bf16x2(uint32_t h)
@@ -726,10 +798,8 @@ template <int WK, int CH, int DW> struct dec_stream {
 };
 
 /* Partial sums of one chunk (acc from +0) for NT 8-token tiles, from its buffer; B from the
- * staged rows, steps from step0 of the row. ONE: the group has one token, whose column 0 is
- * acc[0][0] and acc[0][2] of lanes q = 0: the odd columns' scale FMAs are skipped (their
- * accumulators stay 0 and are never stored). */
-template <int WK, int ACT, int CH, int NT, bool ONE = false>
+ * staged rows, steps from step0 of the row. */
+template <int WK, int ACT, int CH, int NT>
 __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, const uint8_t *buf, const uint32_t *xs,
                                           int step0, int lane, float acc[DEC_NA][4])
 {
@@ -785,9 +855,9 @@ __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, co
                 float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
                 mma16816<ACT>(A, bb ? Bs[nt].z : Bs[nt].x, bb ? Bs[nt].w : Bs[nt].y, d0, d1, d2, d3);
                 acc[nt][0] = __fmaf_rn(e_lo, d0, acc[nt][0]);
-                if (!ONE) acc[nt][1] = __fmaf_rn(e_lo, d1, acc[nt][1]);
+                acc[nt][1] = __fmaf_rn(e_lo, d1, acc[nt][1]);
                 acc[nt][2] = __fmaf_rn(e_hi, d2, acc[nt][2]);
-                if (!ONE) acc[nt][3] = __fmaf_rn(e_hi, d3, acc[nt][3]);
+                acc[nt][3] = __fmaf_rn(e_hi, d3, acc[nt][3]);
             }
         }
     }
@@ -870,8 +940,7 @@ __device__ __forceinline__ void dec_range_cost(const cu_mm_call &c, int tbx, int
     it1 = (int)block_sum(f1, red);
 }
 
-/* ONE: every group has one slot (direct dispatch), NT = 1. */
-template <int WK, int ACT, int CH, int NT, bool ONE = false>
+template <int WK, int ACT, int CH, int NT>
 __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<NT>::blocks)
     k_dec(mm_args a, int tbx)
 {
@@ -935,9 +1004,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
                 phases ^= 1u << slot;
                 float p[DEC_NA][4];
                 /* uniform branches: tiles past the group's slots would be dropped */
-                if (ONE)
-                    dec_chunk<WK, ACT, CH, 1, true>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
-                else if (NT >= 2 && cur.count <= 8)
+                if (NT >= 2 && cur.count <= 8)
                     dec_chunk<WK, ACT, CH, 1>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
                 else if (NT == 3 && cur.count <= 16)
                     dec_chunk<WK, ACT, CH, 2>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
@@ -1118,9 +1185,6 @@ static cudaError_t set_dec_smem(void)
         e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 DEC_SMEM_MAX);
     return e;
 }
 
@@ -1196,7 +1260,7 @@ static td_status launch(const mm_args &a, dim3 grid, cudaStream_t s, td_err *err
     return TD_OK;
 }
 
-template <int WK, int ACT, int CH, int NT, bool ONE = false>
+template <int WK, int ACT, int CH, int NT>
 static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
 {
     constexpr int DW = dec_occupancy<NT>::warps;
@@ -1216,7 +1280,7 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
     if (items > 0x7fffffff)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: %lld work items in one launch", (long long)items);
     const int64_t grid = items < (int64_t)sms * bps ? items : (int64_t)sms * bps;
-    TD_CU_TRY(err, cu_launch(k_dec<WK, ACT, CH, NT, ONE>, dim3((unsigned)grid), dim3(DW * 32), smem, s,
+    TD_CU_TRY(err, cu_launch(k_dec<WK, ACT, CH, NT>, dim3((unsigned)grid), dim3(DW * 32), smem, s,
                              a.c.pdl != 0, a, (int)tbx));
     TD_CU_LAUNCHED(err, "k_dec");
     return TD_OK;
@@ -1231,7 +1295,6 @@ static td_status launch_nt(const mm_args &a, int ntmax, dim3 grid, cudaStream_t 
 template <int WK, int ACT, int CH>
 static td_status launch_dec_nt(const mm_args &a, cudaStream_t s, td_err *err)
 {
-    if (!a.c.perm && a.c.pack == 1) return launch_dec<WK, ACT, CH, 1, true>(a, s, err); /* direct dispatch */
     if (a.xrows > 16) return launch_dec<WK, ACT, CH, 3>(a, s, err);
     return a.xrows > 8 ? launch_dec<WK, ACT, CH, 2>(a, s, err) : launch_dec<WK, ACT, CH, 1>(a, s, err);
 }

@@ -14,9 +14,10 @@
  *   lane l (g = l/4, q = l%4) gets the codes of elements j = 0..7, (row, column) (g, 2q),
  *   (g+8, 2q), (g, 2q+8), (g+8, 2q+8), (g, 2q+1), (g+8, 2q+1), (g, 2q+9), (g+8, 2q+9) of the
  *   block; elements (J, J+4) are the A-fragment half2 register J = 0..3. Element j's 3
- *   magnitude bits sit at bits m..m+2 and its sign bit at bit s, (m, s) = (9, 15), (0, 6),
- *   (3, 7), (12, 8) for J = 0..3, plus 16 for j >= 4: register 0 is then in FP16 position
- *   already and the others one or two shifts away.
+ *   magnitude bits sit at bits m..m+2 and its sign bit at bit s, (m, s) = (9, 15), (6, 12),
+ *   (3, 14), (0, 13) for J = 0..3, plus 16 for j >= 4: register 0 is then in FP16 position
+ *   already, register 1 one shift away, registers 2 and 3 one mask and one multiplication
+ *   away (9 integer instructions per word; cuda/nvfp4_layout.h checks the placement).
  * - prepared scales: FP16 effective scales [rt][ks][g 0..7][row g, g+8][2 blocks] (lane
  *   group g reads its two rows' four scales with one 8-byte load); raw scales: the
  *   checkpoint's E4M3 bytes in the same order (one 4-byte load), plus one float2 per matrix (decode multipliers of

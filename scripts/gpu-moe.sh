@@ -12,6 +12,12 @@
 #             grouping and decode kernels of one prefill call (M = 784, grouped) timed alone,
 #             and per-instruction execution counts and stall samples of the W13 decode kernel
 #             at M = 4 (sass_M4.csv.gz)
+#   kernels   every kernel of one block call timed alone under ncu (M = 1, 4, 16), and the
+#             decode kernels' machine code with spill (STL/LDL) counts per kernel
+#   ab        A/B of the bench against a baseline binary build/device/moe_decode_base (built
+#             from another commit, e.g. a git worktree, and carried beside the bundle): fp16
+#             direct and grouped, M = 1..16 and 784 grouped, the two binaries alternating, two
+#             runs each (routed and block times per call, no cuBLAS)
 set -u
 out=$1; shift
 secs=${*:-tests bench audit sanitize}
@@ -57,6 +63,24 @@ sanitize)
   # hidden 320 / inter 160: chunks of 10 and 5 steps, so W13 and W2 run on the decode kernel
   # (one, two and three 8-token tiles at M = 1, 9 and 300) and the grouping kernel on 3,000 slots
   t racecheck compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,300 --iters 2 --sets 1 --act fp16 --dispatch grouped ;;
+kernels)
+  for m in 1 4 16; do
+    t ncu_block_M$m ncu --clock-control none --metrics gpu__time_duration.sum,sm__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+      $B/moe_decode --no-cublas --M $m --iters 1 --sets 1 --act fp16
+  done
+  for bin in moe_decode moe_decode_base; do
+    [ -x $B/$bin ] || continue
+    cuobjdump -sass $B/$bin | awk '/Function : /{name=$3; p = (name ~ /k_dec/)} p && /STL|LDL/{spill[name]++} p && /^ +\/\*[0-9a-f]+\*\//{n[name]++}
+      END {for (k in n) printf "%-60s %6d instructions %4d STL/LDL\n", k, n[k], spill[k]}' | sort > "$out/logs/sass_dec_$bin.txt"
+  done ;;
+ab)
+  [ -x $B/moe_decode_base ] || { echo "ab: no $B/moe_decode_base"; exit 2; }
+  for run in 1 2; do
+    for bin in moe_decode moe_decode_base; do
+      t ab_${bin}_direct_$run $B/$bin --no-cublas --act fp16 --M 1,2,4,8,16
+      t ab_${bin}_grouped_$run $B/$bin --no-cublas --act fp16 --dispatch grouped --M 1,4,8,16,784
+    done
+  done ;;
 profile)
   # machine code of every instance of the two expert kernels (names are mangled: filter by header)
   cuobjdump -sass $B/moe_decode > "$out/logs/sass_all.txt" 2>&1

@@ -38,6 +38,7 @@
 #include "test_common.h"
 #include "engine_test.h"
 #include "moe_fixture.h"
+#include "cuda/nvfp4_layout.h"
 #include "engine.h"
 #include "audit/engines.h"
 
@@ -595,6 +596,23 @@ static void cuda_routing(void **state)
     routing_case("gpu_route_ties", 300);
 }
 
+/* The packer's NVFP4 bit placement against the kernels' decode, on the host (no GPU needed):
+ * every code pair of every A-fragment register decodes to the FP16 bits of e2m1 x 2^-14; and
+ * the check run on a deliberately wrong decode (register 2's codes through register 3's)
+ * must fail. */
+static void cuda_nvfp4_layout(void **state)
+{
+    (void)state;
+    char msg[256];
+    const int rc = td_cuda_nvfp4_layout_check(0, msg, sizeof msg);
+    print_message("  NVFP4 word layout: %s\n", msg);
+    assert_int_equal(rc, 0);
+    assert_string_equal(msg, "ok");
+    assert_int_equal(td_cuda_nvfp4_layout_check(1, msg, sizeof msg), 1);
+    print_message("  a wrong decode is caught: %s\n", msg);
+    assert_non_null(strstr(msg, "register 2"));
+}
+
 static void cuda_rejects(void **state)
 {
     (void)state;
@@ -643,6 +661,7 @@ static void cuda_rejects(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(cuda_nvfp4_layout),
         cmocka_unit_test(cuda_rejects),
         cmocka_unit_test(cuda_vs_ref_modelopt),
         cmocka_unit_test(cuda_vs_ref_ct_bf16_shared),
