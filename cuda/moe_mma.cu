@@ -1070,7 +1070,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int
     const int sw = (int)group_sid_words(nslots);
     int32_t *sid = sh;      /* [nslots], padded to group_sid_words with -1 */
     int32_t *wc = sh + sw;  /* [seg][E]: counts, then first positions */
-    long long *part = reinterpret_cast<long long *>(sh + group_off(nslots, E, seg)); /* [64] */
+    long long *part = reinterpret_cast<long long *>(sh + group_off(nslots, E, seg)); /* [32]: block_excl */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     cu_pdl_wait();
     cu_pdl_release();
@@ -1100,27 +1100,9 @@ __global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int
         for (int w = 0; w < seg; w++) n += wc[w * ne + e];
         mine += ((long long)n << 32) + (n + P - 1) / P;
     }
-    /* inclusive scan of `mine` over the threads: within each warp by shuffles, then the 32
-     * warp totals by warp 0, then each warp adds the totals of the warps before it */
-    long long incl = mine;
-    for (int off = 1; off < 32; off <<= 1) {
-        const long long o = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += o;
-    }
-    if (lane == 31) part[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-        long long w = part[lane];
-        for (int off = 1; off < 32; off <<= 1) {
-            const long long o = __shfl_up_sync(0xffffffffu, w, off);
-            if (lane >= off) w += o;
-        }
-        part[32 + lane] = w; /* inclusive totals of warps 0..lane */
-    }
-    __syncthreads();
-    if (warp > 0) incl += part[32 + warp - 1];
-    long long run = incl - mine; /* exclusive prefix */
-    if (tid == GROUP_THREADS - 1) *n_groups = (int32_t)(incl & 0xffffffffll);
+    long long total;
+    long long run = block_excl(mine, part, total); /* exclusive prefix over the threads */
+    if (tid == 0) *n_groups = (int32_t)(total & 0xffffffffll);
     for (int e = e0; e < e1; e++) {
         const int32_t sbase = (int32_t)(run >> 32), gbase = (int32_t)(run & 0xffffffffll);
         int32_t pos = sbase;
@@ -1237,8 +1219,8 @@ td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int64_t pac
     /* segments: one per warp where shared memory allows (their counts take seg x E words), at
      * least one (then the layout is the slot ids and one count per expert) */
     int seg = GROUP_THREADS / 32;
-    while (seg > 1 && (size_t)group_off(nslots, E, seg) * 4 + 64 * sizeof(long long) > 227 * 1024) seg /= 2;
-    const size_t bytes = (size_t)group_off(nslots, E, seg) * 4 + 64 * sizeof(long long);
+    while (seg > 1 && (size_t)group_off(nslots, E, seg) * 4 + 32 * sizeof(long long) > 227 * 1024) seg /= 2;
+    const size_t bytes = (size_t)group_off(nslots, E, seg) * 4 + 32 * sizeof(long long);
     if (nslots < 1 || E < 1 || bytes > 227 * 1024 || nslots >= (1ll << 31) / 2)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: grouping %lld slots over %lld experts is outside the kernel's "
                                              "range", (long long)nslots, (long long)E);
