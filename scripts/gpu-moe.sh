@@ -86,11 +86,6 @@ profile)
   cuobjdump -sass $B/moe_decode > "$out/logs/sass_all.txt" 2>&1
   awk '/Function : /{p = ($0 ~ /k_dec|k_mm/)} p' "$out/logs/sass_all.txt" > "$out/logs/sass_experts.txt"
   rm -f "$out/logs/sass_all.txt"
-  # every kernel of one block call, timed alone (serialized by the profiler): where the time goes
-  for m in 1 16; do
-    t ncu_block_M$m ncu --clock-control none --metrics gpu__time_duration.sum,sm__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active \
-      $B/moe_decode --no-cublas --M $m --iters 1 --sets 1 --act fp16
-  done
   for kn in fast generic; do
     t ncu_$kn ncu --clock-control none --kernel-name regex:'k_dec|k_mm|k_route' --launch-count 8 \
       --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
