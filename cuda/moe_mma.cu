@@ -664,16 +664,17 @@ template <int NT> struct dec_occupancy {
 /* Bytes of one chunk of one warp: CH steps of weights (256 bytes each) and of scales (16 rows
  * x 2 blocks: FP16 prepared, E4M3 raw). */
 __host__ __device__ constexpr int dec_scale_step(int wk) { return wk == 0 ? 64 : 32; }
+__host__ __device__ constexpr int dec_chunk_bytes(int wk, int ch) { return ch * 256 + ch * dec_scale_step(wk); }
 template <int WK, int CH> struct dec_sizes {
     static constexpr int w = CH * 256;
     static constexpr int s = CH * dec_scale_step(WK);
-    static constexpr int chunk = w + s;
+    static constexpr int chunk = dec_chunk_bytes(WK, CH);
 };
 
 /* Bytes of a block's rings (DEC_STAGES buffers per warp), ahead of its staged rows. */
 __host__ __device__ constexpr int dec_ring_bytes(int wk, int ch, int nt)
 {
-    return dec_warps(nt) * DEC_STAGES * (ch * 256 + ch * dec_scale_step(wk));
+    return dec_warps(nt) * DEC_STAGES * dec_chunk_bytes(wk, ch);
 }
 template <int WK, int CH, int NT> struct dec_rings {
     static constexpr int bytes = dec_ring_bytes(WK, CH, NT);
