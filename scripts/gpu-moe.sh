@@ -14,6 +14,9 @@
 #             at M = 4 (sass_M4.csv.gz)
 #   kernels   every kernel of one block call timed alone under ncu (M = 1, 4, 16), and the
 #             decode kernels' machine code with spill (STL/LDL) counts per kernel
+#   probe     bench/gpu/mem_probe: the memory side's floor for the decode kernel's access
+#             pattern (bulk-copy rings and plain loads, no arithmetic) and where the hardware
+#             places the blocks of persistent grids
 #   ab        A/B of the bench against a baseline binary build/device/moe_decode_base (built
 #             from another commit, e.g. a git worktree, and carried beside the bundle): fp16
 #             direct and grouped, M = 1..16 and 784 grouped, the two binaries alternating, two
@@ -73,6 +76,8 @@ kernels)
     cuobjdump -sass $B/$bin | awk '/Function : /{name=$3; p = (name ~ /k_dec/)} p && /STL|LDL/{spill[name]++} p && /^ +\/\*[0-9a-f]+\*\//{n[name]++}
       END {for (k in n) printf "%-60s %6d instructions %4d STL/LDL\n", k, n[k], spill[k]}' | sort > "$out/logs/sass_dec_$bin.txt"
   done ;;
+probe)
+  t mem_probe $B/mem_probe ;;
 ab)
   [ -x $B/moe_decode_base ] || { echo "ab: no $B/moe_decode_base"; exit 2; }
   for run in 1 2; do

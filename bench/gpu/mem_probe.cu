@@ -1,0 +1,402 @@
+/* mem_probe.cu — how fast this GPU reads a few tens of megabytes when nothing is computed:
+ * the memory side's own floor for the decode kernel's access pattern (docs/perf.md).
+ *
+ * usage: mem_probe [--iters 200] [--copies 8] [--json]
+ *                  [--cfg NAME:TOTAL_B:SEG_B:CHUNK_B:GRID:WARPS:STAGES[:WORK] ...]
+ *
+ * Each configuration reads TOTAL_B bytes, cut into segments of SEG_B contiguous bytes (a
+ * segment is what one decode-kernel warp reads for one row tile), segment s going to warp
+ * (s mod W) of the grid, warps numbered block-fastest (warp w of block b is W-index
+ * w * GRID + b), so consecutive segments land on different SMs. A warp streams its segments
+ * in chunks of CHUNK_B bytes through a ring of STAGES shared-memory buffers filled by the
+ * bulk-copy engine (cp.async.bulk completing on one mbarrier per buffer; the decode kernel's
+ * mechanism), touching one word per lane of each chunk and, with WORK > 0, issuing WORK
+ * floating-point instructions per lane on it (eight independent chains) before the buffer is
+ * refilled — a stand-in for the decode kernel's arithmetic on a chunk (about 440 warp
+ * instructions per 3.2 KB chunk), to see how a ring overlaps it with the transfers. STAGES = 0 reads
+ * the same bytes with 16-byte loads by every thread instead (grid-stride, four loads in
+ * flight per thread), GRID x WARPS warps.
+ *
+ * Every configuration runs on COPIES separate buffers in rotation, so the 50 MB L2 cannot
+ * serve a call from the previous one; each call is one graph of one launch, bracketed by
+ * events (as bench/gpu/moe_decode times a block), the median over ITERS calls is reported,
+ * with the GB/s and the fraction of the copy bandwidth measured here (cudaMemcpy device to
+ * device of 1 GiB, read + write bytes over time, median of 10). "empty" is a graph of one
+ * kernel that does nothing: the fixed cost of a call.
+ *
+ * Then where the hardware puts the blocks of a grid that fits the GPU at once (the decode
+ * kernel's persistent grids): for grids of 100 to 396 blocks of 256 threads with 51 KB of
+ * shared memory (three fit per SM), the number of SMs that received a block and the most
+ * blocks one SM received (each block records its %smid and stays until all have started).
+ */
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <string>
+#include <vector>
+
+#define CK(x)                                                                                     \
+    do {                                                                                          \
+        cudaError_t e_ = (x);                                                                     \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "mem_probe: %s:%d: %s: %s\n", __FILE__, __LINE__, #x,                 \
+                    cudaGetErrorString(e_));                                                      \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+#define MAX_WARPS 32
+#define MAX_STAGES 16
+
+struct cfg {
+    std::string name;
+    long long total, seg, chunk;
+    int grid, warps, stages, work;
+};
+
+__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__global__ void k_bulk(const uint8_t *base, long long total, long long seg, int chunk, int stages, int work, unsigned *sink)
+{
+    extern __shared__ uint4 ring_sh[];
+    __shared__ uint64_t bars[MAX_WARPS][MAX_STAGES];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
+    uint8_t *ring = reinterpret_cast<uint8_t *>(ring_sh) + (size_t)warp * stages * chunk;
+    if (lane < stages)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(saddr(&bars[warp][lane])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    __syncwarp();
+    const long long nseg = total / seg, tw = (long long)nw * gridDim.x;
+    const int cps = (int)(seg / chunk);
+    long long s_iss = (long long)warp * gridDim.x + blockIdx.x; /* issue cursor: segment, chunk */
+    int c_iss = 0;
+    long long todo = 0; /* chunks of this warp */
+    for (long long s = s_iss; s < nseg; s += tw) todo += cps;
+    auto issue = [&](int slot) {
+        if (lane == 0) {
+            const uint32_t bar = saddr(&bars[warp][slot]), dst = saddr(ring + (size_t)slot * chunk);
+            const uint8_t *src = base + s_iss * seg + (long long)c_iss * chunk;
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(chunk) : "memory");
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                             dst),
+                         "l"(src), "r"(chunk), "r"(bar)
+                         : "memory");
+        }
+        if (++c_iss == cps) {
+            c_iss = 0;
+            s_iss += tw;
+        }
+    };
+    long long issued = 0;
+    for (int st = 0; st < stages && issued < todo; st++, issued++) issue(st);
+    unsigned acc = 0, phases = 0;
+    int slot = 0;
+    for (long long k = 0; k < todo; k++) {
+        const uint32_t bar = saddr(&bars[warp][slot]);
+        uint32_t done;
+        do {
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, "
+                         "p;\n}\n"
+                         : "=r"(done)
+                         : "r"(bar), "r"((phases >> slot) & 1u)
+                         : "memory");
+        } while (!done);
+        phases ^= 1u << slot;
+        const unsigned word = reinterpret_cast<const unsigned *>(ring + (size_t)slot * chunk)[lane];
+        acc ^= word;
+        if (work > 0) {
+            float f[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = __uint_as_float((word & 0x007fffffu) | 0x3f800000u) + (float)j;
+            for (int i = 0; i < work; i += 8)
+#pragma unroll
+                for (int j = 0; j < 8; j++) f[j] = __fmaf_rn(f[j], 0.999f, 0.001f);
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc += __float_as_uint(f[j]);
+        }
+        __syncwarp();
+        if (issued < todo) {
+            issue(slot);
+            issued++;
+        }
+        slot = slot + 1 == stages ? 0 : slot + 1;
+    }
+    if (acc == 0x9e3779b9u) sink[0] = acc; /* keeps the reads and the arithmetic */
+}
+
+__global__ void k_load(const uint4 *base, long long n16, unsigned *sink)
+{
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    unsigned acc = 0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) v[u] = i + u * stride < n16 ? __ldcs(base + i + u * stride) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < 4; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
+/* Each block records its SM and waits (bounded) until every block of the grid has started, so
+ * that no block's SM is reused by a later block. */
+__global__ void k_where(int *smid, unsigned *arrived, int n)
+{
+    if (threadIdx.x == 0) {
+        int id;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+        smid[blockIdx.x] = id;
+        __threadfence();
+        atomicAdd(arrived, 1u);
+        for (long long spin = 0; spin < 2000000 && *(volatile unsigned *)arrived < (unsigned)n; spin++)
+            __nanosleep(100);
+    }
+    __syncthreads();
+}
+
+__global__ void k_empty(unsigned *sink)
+{
+    if (sink == nullptr) __trap();
+}
+
+static double median_graphs(std::vector<cudaGraphExec_t> &g, int iters, cudaStream_t s)
+{
+    std::vector<cudaEvent_t> ev(iters + 1);
+    for (auto &e : ev) CK(cudaEventCreate(&e));
+    for (int w = 0; w < 10; w++) CK(cudaGraphLaunch(g[w % g.size()], s));
+    CK(cudaEventRecord(ev[0], s));
+    for (int i = 0; i < iters; i++) {
+        CK(cudaGraphLaunch(g[i % g.size()], s));
+        CK(cudaEventRecord(ev[i + 1], s));
+    }
+    CK(cudaStreamSynchronize(s));
+    std::vector<double> t(iters);
+    for (int i = 0; i < iters; i++) {
+        float ms;
+        CK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+        t[i] = ms * 1e3;
+    }
+    for (auto &e : ev) CK(cudaEventDestroy(e));
+    std::sort(t.begin(), t.end());
+    return iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
+}
+
+static double copy_bandwidth(cudaStream_t s)
+{
+    const size_t n = (size_t)1 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, n));
+    CK(cudaMalloc(&b, n));
+    CK(cudaMemsetAsync(a, 0, n, s));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<double> t;
+    for (int i = 0; i < 12; i++) {
+        CK(cudaEventRecord(e0, s));
+        CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, s));
+        CK(cudaEventRecord(e1, s));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 2) t.push_back(ms * 1e-3);
+    }
+    std::sort(t.begin(), t.end());
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    return 2.0 * (double)n / (0.5 * (t[4] + t[5]));
+}
+
+static bool parse_cfg(const char *s, cfg &c)
+{
+    char name[64];
+    long long tot, seg, ch;
+    int g, w, st, wk = 0;
+    const int n = sscanf(s, "%63[^:]:%lld:%lld:%lld:%d:%d:%d:%d", name, &tot, &seg, &ch, &g, &w, &st, &wk);
+    if (n != 7 && n != 8) return false;
+    c = cfg{name, tot, seg, ch, g, w, st, wk};
+    return true;
+}
+
+static const char *check_cfg(const cfg &c, int max_smem)
+{
+    if (c.work < 0 || c.work > 100000) return "WORK out of range (0..100000)";
+    if (c.total <= 0 || c.grid < 1 || c.warps < 1 || c.warps > MAX_WARPS || c.stages < 0 || c.stages > MAX_STAGES)
+        return "TOTAL, GRID, WARPS (1..32) or STAGES (0..16) out of range";
+    if (c.stages == 0) return (c.total % 16) ? "TOTAL must be a multiple of 16" : nullptr;
+    if (c.chunk < 16 || c.chunk % 16 || c.seg % c.chunk || c.total % c.seg)
+        return "CHUNK must be a multiple of 16 dividing SEG, SEG must divide TOTAL";
+    if ((long long)c.warps * c.stages * c.chunk > max_smem) return "WARPS x STAGES x CHUNK exceeds shared memory";
+    return nullptr;
+}
+
+int main(int argc, char **argv)
+{
+    int iters = 200, copies = 8, json = 0;
+    std::vector<cfg> cfgs;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--copies") && i + 1 < argc) copies = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--cfg") && i + 1 < argc) {
+            cfg c;
+            if (!parse_cfg(argv[++i], c)) {
+                fprintf(stderr, "mem_probe: --cfg %s: expected NAME:TOTAL_B:SEG_B:CHUNK_B:GRID:WARPS:STAGES[:WORK]\n", argv[i]);
+                return 2;
+            }
+            cfgs.push_back(c);
+        } else {
+            fprintf(stderr, "usage: mem_probe [--iters N] [--copies N] [--json] [--cfg NAME:TOTAL_B:SEG_B:CHUNK_B:GRID:"
+                            "WARPS:STAGES[:WORK] ...]\n");
+            return 2;
+        }
+    }
+    if (iters < 1 || copies < 1) {
+        fprintf(stderr, "mem_probe: --iters and --copies must be at least 1\n");
+        return 2;
+    }
+    if (cfgs.empty()) {
+        /* the decode kernel's W13 at M = 1 (10 experts x 80 row tiles of 25.6 KB, chunks of
+         * 3.2 KB, 100 blocks of 8 warps, 2 stages) and variations; W2 at M = 1 (1,600 tiles
+         * of 6.4 KB, 200 blocks); both at once; larger reads; plain loads */
+        const long long w13 = 800 * 25600LL, w2 = 1600 * 6400LL;
+        const cfg d[] = {
+            {"w13_m1_as_now", w13, 25600, 3200, 100, 8, 2, 0},   {"w13_m1_g132", w13, 25600, 3200, 132, 8, 2, 0},
+            {"w13_m1_g132_s4", w13, 25600, 3200, 132, 8, 4, 0},  {"w13_m1_g132_s8", w13, 25600, 3200, 132, 8, 8, 0},
+            {"w13_m1_half_g132w16", w13, 12800, 3200, 132, 16, 2, 0}, {"w13_m1_half_g132w16_s4", w13, 12800, 3200, 132, 16, 4, 0},
+            {"w13_m1_c6k_s4", w13, 25600, 6400, 132, 8, 4, 0},   {"w13_m1_ld", w13, 0, 0, 264, 16, 0, 0},
+            {"w2_m1_as_now", w2, 6400, 3200, 200, 8, 2, 0},      {"w2_m1_g132w16", w2, 6400, 3200, 132, 16, 2, 0},
+            {"w2_m1_ld", w2, 0, 0, 264, 16, 0, 0},               {"both_m1_g132w16_s4", w13 + w2, 6400, 3200, 132, 16, 4, 0},
+            {"m4_w13_as_now", 3040 * 25600LL, 25600, 3200, 380, 8, 2, 0}, {"m4_w13_g132w16_s4", 3040 * 25600LL, 25600, 3200, 132, 16, 4, 0},
+            {"m4_w2_as_now", 6080 * 6400LL, 6400, 3200, 396, 8, 2, 0}, {"m4_both_g396w8", 3040 * 25600LL + 6080 * 6400LL, 6400, 3200, 396, 8, 2, 0},
+            /* with a stand-in for the arithmetic (WORK 440 per chunk of 3.2 KB) */
+            {"m1_w13_now_work", w13, 25600, 3200, 100, 8, 2, 440}, {"m1_w13_g132_s4_work", w13, 25600, 3200, 132, 8, 4, 440},
+            {"m4_w13_now_work", 3040 * 25600LL, 25600, 3200, 380, 8, 2, 440},
+            {"m4_w13_s3_g264_work", 3040 * 25600LL, 25600, 3200, 264, 8, 3, 440},
+            {"m4_w13_s4_g132w16_work", 3040 * 25600LL, 25600, 3200, 132, 16, 4, 440},
+            {"m4_w13_c1600_s4_work", 3040 * 25600LL, 25600, 1600, 380, 8, 4, 220},
+            {"m4_w13_c6400_s2_g264_work", 3040 * 25600LL, 25600, 6400, 264, 8, 2, 880},
+            {"m4_w13_now_work220", 3040 * 25600LL, 25600, 3200, 380, 8, 2, 220},
+            {"m16_w13_g396w8", 12000 * 25600LL, 25600, 3200, 396, 8, 2, 0}, {"big_ld", 12000 * 25600LL, 0, 0, 264, 16, 0, 0},
+        };
+        cfgs.assign(d, d + sizeof d / sizeof d[0]);
+    }
+    int dev = 0, max_smem = 0;
+    CK(cudaGetDevice(&dev));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, dev));
+    CK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    max_smem -= MAX_WARPS * MAX_STAGES * 8;
+    long long most = 0;
+    for (auto &c : cfgs) {
+        const char *why = check_cfg(c, max_smem);
+        if (why) {
+            fprintf(stderr, "mem_probe: --cfg %s: %s\n", c.name.c_str(), why);
+            return 2;
+        }
+        most = std::max(most, c.total);
+    }
+    CK(cudaFuncSetAttribute(k_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const double bw = copy_bandwidth(s);
+    std::vector<uint8_t *> buf((size_t)copies);
+    for (auto &b : buf) {
+        CK(cudaMalloc(&b, (size_t)most));
+        CK(cudaMemsetAsync(b, 0, (size_t)most, s));
+    }
+    unsigned *sink;
+    CK(cudaMalloc(&sink, 16));
+    CK(cudaStreamSynchronize(s));
+
+    struct res {
+        cfg c;
+        double us;
+    };
+    std::vector<res> out;
+    cfg empty{"empty", 0, 0, 0, 1, 1, 0, 0};
+    std::vector<cfg> all(1, empty);
+    all.insert(all.end(), cfgs.begin(), cfgs.end());
+    for (auto &c : all) {
+        std::vector<cudaGraphExec_t> g;
+        for (int i = 0; i < copies; i++) {
+            cudaGraph_t graph;
+            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            if (c.total == 0)
+                k_empty<<<1, 32, 0, s>>>(sink);
+            else if (c.stages == 0)
+                k_load<<<c.grid, c.warps * 32, 0, s>>>(reinterpret_cast<const uint4 *>(buf[(size_t)i]), c.total / 16, sink);
+            else
+                k_bulk<<<c.grid, c.warps * 32, (size_t)c.warps * c.stages * c.chunk, s>>>(buf[(size_t)i], c.total, c.seg,
+                                                                                           (int)c.chunk, c.stages, c.work, sink);
+            CK(cudaGetLastError());
+            CK(cudaStreamEndCapture(s, &graph));
+            cudaGraphExec_t ex;
+            CK(cudaGraphInstantiate(&ex, graph, 0));
+            CK(cudaGraphDestroy(graph));
+            g.push_back(ex);
+        }
+        out.push_back(res{c, median_graphs(g, iters, s)});
+        for (auto e : g) CK(cudaGraphExecDestroy(e));
+    }
+    if (json) {
+        printf("{\"gpu\": \"%s\", \"copy_bw_GBps\": %.1f, \"rows\": [", prop.name, bw * 1e-9);
+        for (size_t i = 0; i < out.size(); i++) {
+            const res &r = out[i];
+            printf("%s{\"name\": \"%s\", \"bytes\": %lld, \"seg\": %lld, \"chunk\": %lld, \"grid\": %d, \"warps\": %d, "
+                   "\"stages\": %d, \"work\": %d, \"us\": %.3f}",
+                   i ? ", " : "", r.c.name.c_str(), r.c.total, r.c.seg, r.c.chunk, r.c.grid, r.c.warps, r.c.stages, r.c.work,
+                   r.us);
+        }
+        printf("]}\n");
+    } else {
+        printf("gpu: %s, copy bandwidth %.1f GB/s (read + write), %d buffers in rotation, median of %d calls\n",
+               prop.name, bw * 1e-9, copies, iters);
+        printf("%-26s %10s %8s %7s %5s %5s %6s %5s %9s %8s %8s\n", "config", "MB", "seg_B", "chunk_B", "grid", "warps",
+               "stages", "work", "us", "GB/s", "%copy");
+        for (auto &r : out) {
+            const double gbs = r.c.total ? (double)r.c.total / (r.us * 1e-6) * 1e-9 : 0.0;
+            printf("%-26s %10.2f %8lld %7lld %5d %5d %6d %5d %9.2f %8.1f %7.1f%%\n", r.c.name.c_str(), r.c.total * 1e-6,
+                   r.c.seg, r.c.chunk, r.c.grid, r.c.warps, r.c.stages, r.c.work, r.us, gbs, 100.0 * gbs * 1e9 / bw);
+        }
+    }
+    /* block placement of persistent-sized grids */
+    {
+        const int grids[] = {100, 132, 200, 264, 300, 396};
+        int *smid;
+        unsigned *arrived;
+        CK(cudaMalloc(&smid, 4096 * sizeof(int)));
+        CK(cudaMalloc(&arrived, sizeof(unsigned)));
+        CK(cudaFuncSetAttribute(k_where, cudaFuncAttributeMaxDynamicSharedMemorySize, 51 * 1024));
+        if (!json) printf("\nplacement (256 threads, 51 KB shared memory per block):\n%6s %8s %14s\n", "grid", "SMs_used",
+                          "max_blocks/SM");
+        for (int gi = 0; gi < (int)(sizeof grids / sizeof grids[0]); gi++) {
+            const int n = grids[gi];
+            CK(cudaMemsetAsync(arrived, 0, sizeof(unsigned), s));
+            k_where<<<n, 256, 51 * 1024, s>>>(smid, arrived, n);
+            CK(cudaGetLastError());
+            std::vector<int> h((size_t)n);
+            CK(cudaMemcpyAsync(h.data(), smid, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, s));
+            CK(cudaStreamSynchronize(s));
+            std::vector<int> per(1024, 0);
+            int used = 0, most_b = 0;
+            for (int v : h)
+                if (v >= 0 && v < 1024 && per[(size_t)v]++ == 0) used++;
+            for (int v : per) most_b = std::max(most_b, v);
+            if (json) printf("{\"placement_grid\": %d, \"sms_used\": %d, \"max_blocks_per_sm\": %d}\n", n, used, most_b);
+            else printf("%6d %8d %14d\n", n, used, most_b);
+        }
+        CK(cudaFree(smid));
+        CK(cudaFree(arrived));
+    }
+    for (auto &b : buf) CK(cudaFree(b));
+    CK(cudaFree(sink));
+    CK(cudaStreamDestroy(s));
+    return 0;
+}
