@@ -1263,7 +1263,25 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
     if (items > 0x7fffffff)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: %lld work items in one launch", (long long)items);
     const int64_t grid = items < (int64_t)sms * bps ? items : (int64_t)sms * bps;
-    TD_CU_TRY(err, cu_launch(k_dec<WK, ACT, CH, NT>, dim3((unsigned)grid), dim3(DW * 32), smem, s,
+    /* A grid that needs fewer blocks per SM than fit: the block scheduler may still stack two
+     * or three of its blocks on one SM while other SMs idle (measured in the block's graph,
+     * the shared expert running beside: W13's 100 blocks at M = 1 on 91 SMs, 9 of them with
+     * two), and such an SM takes twice as long. Asking for more shared memory than the rings
+     * and rows use caps the blocks per SM at what the grid needs, so its blocks spread over
+     * the SMs (no bit changes: the extra bytes are never touched; docs/perf.md). */
+    size_t launch_smem = smem;
+    const int need = (int)((grid + sms - 1) / sms);
+    if (need < bps) {
+        int per_sm = 0, reserved = 0;
+        cudaFuncAttributes fa;
+        TD_CU_TRY(err, cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+        TD_CU_TRY(err, cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
+        TD_CU_TRY(err, cudaFuncGetAttributes(&fa, k_dec<WK, ACT, CH, NT>));
+        /* the least dynamic size at which need + 1 blocks exceed the SM's shared memory */
+        const size_t fixed = fa.sharedSizeBytes + (size_t)reserved, cap = (size_t)per_sm / (size_t)(need + 1) + 1;
+        if (cap > fixed && cap - fixed > smem && cap - fixed <= (size_t)DEC_SMEM_MAX) launch_smem = cap - fixed;
+    }
+    TD_CU_TRY(err, cu_launch(k_dec<WK, ACT, CH, NT>, dim3((unsigned)grid), dim3(DW * 32), launch_smem, s,
                              a.c.pdl != 0, a, (int)tbx));
     TD_CU_LAUNCHED(err, "k_dec");
     return TD_OK;
