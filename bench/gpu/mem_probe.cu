@@ -31,6 +31,8 @@
  */
 #include <cuda_runtime.h>
 
+#include "gpu_timing.cuh"
+
 #include <algorithm>
 #include <stdint.h>
 #include <stdio.h>
@@ -38,16 +40,6 @@
 #include <string.h>
 #include <string>
 #include <vector>
-
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "mem_probe: %s:%d: %s: %s\n", __FILE__, __LINE__, #x,                 \
-                    cudaGetErrorString(e_));                                                      \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
 
 #define MAX_WARPS 32
 #define MAX_STAGES 16
@@ -163,56 +155,6 @@ __global__ void k_empty(unsigned *sink)
     if (sink == nullptr) __trap();
 }
 
-static double median_graphs(std::vector<cudaGraphExec_t> &g, int iters, cudaStream_t s)
-{
-    std::vector<cudaEvent_t> ev(iters + 1);
-    for (auto &e : ev) CK(cudaEventCreate(&e));
-    for (int w = 0; w < 10; w++) CK(cudaGraphLaunch(g[w % g.size()], s));
-    CK(cudaEventRecord(ev[0], s));
-    for (int i = 0; i < iters; i++) {
-        CK(cudaGraphLaunch(g[i % g.size()], s));
-        CK(cudaEventRecord(ev[i + 1], s));
-    }
-    CK(cudaStreamSynchronize(s));
-    std::vector<double> t(iters);
-    for (int i = 0; i < iters; i++) {
-        float ms;
-        CK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
-        t[i] = ms * 1e3;
-    }
-    for (auto &e : ev) CK(cudaEventDestroy(e));
-    std::sort(t.begin(), t.end());
-    return iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
-}
-
-static double copy_bandwidth(cudaStream_t s)
-{
-    const size_t n = (size_t)1 << 30;
-    void *a, *b;
-    CK(cudaMalloc(&a, n));
-    CK(cudaMalloc(&b, n));
-    CK(cudaMemsetAsync(a, 0, n, s));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<double> t;
-    for (int i = 0; i < 12; i++) {
-        CK(cudaEventRecord(e0, s));
-        CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, s));
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (i >= 2) t.push_back(ms * 1e-3);
-    }
-    std::sort(t.begin(), t.end());
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    CK(cudaFree(a));
-    CK(cudaFree(b));
-    return 2.0 * (double)n / (0.5 * (t[4] + t[5]));
-}
-
 static bool parse_cfg(const char *s, cfg &c)
 {
     char name[64];
@@ -288,10 +230,10 @@ int main(int argc, char **argv)
         cfgs.assign(d, d + sizeof d / sizeof d[0]);
     }
     int dev = 0, max_smem = 0;
-    CK(cudaGetDevice(&dev));
+    BENCH_CK(cudaGetDevice(&dev));
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, dev));
-    CK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    BENCH_CK(cudaGetDeviceProperties(&prop, dev));
+    BENCH_CK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     max_smem -= MAX_WARPS * MAX_STAGES * 8;
     long long most = 0;
     for (auto &c : cfgs) {
@@ -302,18 +244,18 @@ int main(int argc, char **argv)
         }
         most = std::max(most, c.total);
     }
-    CK(cudaFuncSetAttribute(k_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
+    BENCH_CK(cudaFuncSetAttribute(k_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
     cudaStream_t s;
-    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    const double bw = copy_bandwidth(s);
+    BENCH_CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const double bw = bench_copy_bandwidth(s);
     std::vector<uint8_t *> buf((size_t)copies);
     for (auto &b : buf) {
-        CK(cudaMalloc(&b, (size_t)most));
-        CK(cudaMemsetAsync(b, 0, (size_t)most, s));
+        BENCH_CK(cudaMalloc(&b, (size_t)most));
+        BENCH_CK(cudaMemsetAsync(b, 0, (size_t)most, s));
     }
     unsigned *sink;
-    CK(cudaMalloc(&sink, 16));
-    CK(cudaStreamSynchronize(s));
+    BENCH_CK(cudaMalloc(&sink, 16));
+    BENCH_CK(cudaStreamSynchronize(s));
 
     struct res {
         cfg c;
@@ -327,7 +269,7 @@ int main(int argc, char **argv)
         std::vector<cudaGraphExec_t> g;
         for (int i = 0; i < copies; i++) {
             cudaGraph_t graph;
-            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            BENCH_CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
             if (c.total == 0)
                 k_empty<<<1, 32, 0, s>>>(sink);
             else if (c.stages == 0)
@@ -335,15 +277,15 @@ int main(int argc, char **argv)
             else
                 k_bulk<<<c.grid, c.warps * 32, (size_t)c.warps * c.stages * c.chunk, s>>>(buf[(size_t)i], c.total, c.seg,
                                                                                            (int)c.chunk, c.stages, c.work, sink);
-            CK(cudaGetLastError());
-            CK(cudaStreamEndCapture(s, &graph));
+            BENCH_CK(cudaGetLastError());
+            BENCH_CK(cudaStreamEndCapture(s, &graph));
             cudaGraphExec_t ex;
-            CK(cudaGraphInstantiate(&ex, graph, 0));
-            CK(cudaGraphDestroy(graph));
+            BENCH_CK(cudaGraphInstantiate(&ex, graph, 0));
+            BENCH_CK(cudaGraphDestroy(graph));
             g.push_back(ex);
         }
-        out.push_back(res{c, median_graphs(g, iters, s)});
-        for (auto e : g) CK(cudaGraphExecDestroy(e));
+        out.push_back(res{c, bench_time_graphs(g, iters, s)});
+        for (auto e : g) BENCH_CK(cudaGraphExecDestroy(e));
     }
     if (json) {
         printf("{\"gpu\": \"%s\", \"copy_bw_GBps\": %.1f, \"rows\": [", prop.name, bw * 1e-9);
@@ -371,19 +313,19 @@ int main(int argc, char **argv)
         const int grids[] = {100, 132, 200, 264, 300, 396};
         int *smid;
         unsigned *arrived;
-        CK(cudaMalloc(&smid, 4096 * sizeof(int)));
-        CK(cudaMalloc(&arrived, sizeof(unsigned)));
-        CK(cudaFuncSetAttribute(k_where, cudaFuncAttributeMaxDynamicSharedMemorySize, 51 * 1024));
+        BENCH_CK(cudaMalloc(&smid, 4096 * sizeof(int)));
+        BENCH_CK(cudaMalloc(&arrived, sizeof(unsigned)));
+        BENCH_CK(cudaFuncSetAttribute(k_where, cudaFuncAttributeMaxDynamicSharedMemorySize, 51 * 1024));
         if (!json) printf("\nplacement (256 threads, 51 KB shared memory per block):\n%6s %8s %14s\n", "grid", "SMs_used",
                           "max_blocks/SM");
         for (int gi = 0; gi < (int)(sizeof grids / sizeof grids[0]); gi++) {
             const int n = grids[gi];
-            CK(cudaMemsetAsync(arrived, 0, sizeof(unsigned), s));
+            BENCH_CK(cudaMemsetAsync(arrived, 0, sizeof(unsigned), s));
             k_where<<<n, 256, 51 * 1024, s>>>(smid, arrived, n);
-            CK(cudaGetLastError());
+            BENCH_CK(cudaGetLastError());
             std::vector<int> h((size_t)n);
-            CK(cudaMemcpyAsync(h.data(), smid, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, s));
-            CK(cudaStreamSynchronize(s));
+            BENCH_CK(cudaMemcpyAsync(h.data(), smid, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, s));
+            BENCH_CK(cudaStreamSynchronize(s));
             std::vector<int> per(1024, 0);
             int used = 0, most_b = 0;
             for (int v : h)
@@ -392,11 +334,11 @@ int main(int argc, char **argv)
             if (json) printf("{\"placement_grid\": %d, \"sms_used\": %d, \"max_blocks_per_sm\": %d}\n", n, used, most_b);
             else printf("%6d %8d %14d\n", n, used, most_b);
         }
-        CK(cudaFree(smid));
-        CK(cudaFree(arrived));
+        BENCH_CK(cudaFree(smid));
+        BENCH_CK(cudaFree(arrived));
     }
-    for (auto &b : buf) CK(cudaFree(b));
-    CK(cudaFree(sink));
-    CK(cudaStreamDestroy(s));
+    for (auto &b : buf) BENCH_CK(cudaFree(b));
+    BENCH_CK(cudaFree(sink));
+    BENCH_CK(cudaStreamDestroy(s));
     return 0;
 }

@@ -38,6 +38,7 @@ extern "C" {
 #include "td.h"
 }
 #include "moe_block.cuh"
+#include "gpu_timing.cuh"
 
 #include <cublas_v2.h>
 #include <dlfcn.h>
@@ -48,15 +49,6 @@ extern "C" {
 #include <vector>
 #include <algorithm>
 
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "moe_decode: %s:%d: %s: %s\n", __FILE__, __LINE__, #x,                \
-                    cudaGetErrorString(e_));                                                      \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
 static void die_td(const char *what, const td_err *e)
 {
     fprintf(stderr, "moe_decode: %s: %s\n", what, e ? e->msg : "");
@@ -144,7 +136,7 @@ __global__ void k_swiglu_bf16(const float *h, uint16_t *a, int64_t slots, int64_
 static void fill_bytes(void *p, size_t n, uint64_t seed, int lo, int span)
 {
     k_fill_bytes<<<1024, 256>>>((uint8_t *)p, n, seed, lo, span);
-    CK(cudaGetLastError());
+    BENCH_CK(cudaGetLastError());
 }
 
 /* ---- cuBLAS through dlopen -------------------------------------------------------------------- */
@@ -290,59 +282,6 @@ static void parse(int argc, char **argv, opts *o)
     }
 }
 
-/* ---- timing ------------------------------------------------------------------------------------- */
-
-/* Median time (us) of `iters` calls, call i replaying graphs[i % n]. */
-static double time_graphs(std::vector<cudaGraphExec_t> &g, int iters, cudaStream_t s)
-{
-    std::vector<cudaEvent_t> ev(iters + 1);
-    for (auto &e : ev) CK(cudaEventCreate(&e));
-    for (int w = 0; w < 10; w++) CK(cudaGraphLaunch(g[w % g.size()], s));
-    CK(cudaEventRecord(ev[0], s));
-    for (int i = 0; i < iters; i++) {
-        CK(cudaGraphLaunch(g[i % g.size()], s));
-        CK(cudaEventRecord(ev[i + 1], s));
-    }
-    CK(cudaStreamSynchronize(s));
-    std::vector<double> t(iters);
-    for (int i = 0; i < iters; i++) {
-        float ms;
-        CK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
-        t[i] = ms * 1e3;
-    }
-    for (auto &e : ev) CK(cudaEventDestroy(e));
-    std::sort(t.begin(), t.end());
-    return iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
-}
-
-static double copy_bandwidth(cudaStream_t s)
-{
-    const size_t n = (size_t)1 << 30;
-    void *a, *b;
-    CK(cudaMalloc(&a, n));
-    CK(cudaMalloc(&b, n));
-    CK(cudaMemset(a, 1, n));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<double> t;
-    for (int i = 0; i < 12; i++) {
-        CK(cudaEventRecord(e0, s));
-        CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, s));
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (i >= 2) t.push_back(ms * 1e-3);
-    }
-    std::sort(t.begin(), t.end());
-    CK(cudaFree(a));
-    CK(cudaFree(b));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    return 2.0 * (double)n / (0.5 * (t[4] + t[5])); /* bytes/s, read + write */
-}
-
 /* ---- main ------------------------------------------------------------------------------------- */
 
 typedef struct row {
@@ -358,12 +297,12 @@ int main(int argc, char **argv)
     td_err err;
     TRYE(cu_mm_init(&err), err);
     cudaStream_t s;
-    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    BENCH_CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    BENCH_CK(cudaGetDeviceProperties(&prop, 0));
     const int64_t H = o.H, E = o.E, k = o.k, il = o.I / o.tp, isl = o.Is / o.tp;
     const int64_t Mmax = *std::max_element(o.Ms.begin(), o.Ms.end());
-    const double copy_bw = copy_bandwidth(s);
+    const double copy_bw = bench_copy_bandwidth(s);
 
     /* ---- the engine's layout, one rank ---- */
     int64_t R13, K13, w13b, s13p, s13r, R2, K2, w2b, s2p, s2r;
@@ -389,26 +328,26 @@ int main(int argc, char **argv)
     w2.mat_s = o.raw ? s2r : s2p;
     const float g = 1.0f / 128.0f;
     void *p;
-    CK(cudaMalloc(&p, (size_t)(E * w13b)));
+    BENCH_CK(cudaMalloc(&p, (size_t)(E * w13b)));
     fill_bytes(p, (size_t)(E * w13b), o.seed * 11 + 1, 0, 0);
     w13.w = (const uint8_t *)p;
-    CK(cudaMalloc(&p, (size_t)(E * w2b)));
+    BENCH_CK(cudaMalloc(&p, (size_t)(E * w2b)));
     fill_bytes(p, (size_t)(E * w2b), o.seed * 11 + 2, 0, 0);
     w2.w = (const uint8_t *)p;
     for (int j = 0; j < 2; j++) {
         cu_qmat &q = j ? w2 : w13;
         const size_t n = (size_t)(E * q.mat_s);
-        CK(cudaMalloc(&p, n));
+        BENCH_CK(cudaMalloc(&p, n));
         if (o.raw) {
             fill_bytes(p, n, o.seed * 11 + 3 + j, 0x38, 40);
             std::vector<float2> gl((size_t)E, make_float2(g, g));
             void *dg;
-            CK(cudaMalloc(&dg, gl.size() * sizeof(float2)));
-            CK(cudaMemcpy(dg, gl.data(), gl.size() * sizeof(float2), cudaMemcpyHostToDevice));
+            BENCH_CK(cudaMalloc(&dg, gl.size() * sizeof(float2)));
+            BENCH_CK(cudaMemcpy(dg, gl.data(), gl.size() * sizeof(float2), cudaMemcpyHostToDevice));
             q.g = (const float2 *)dg;
         } else {
             k_fill_eff<<<1024, 256>>>((uint16_t *)p, n / 2, o.seed * 11 + 3 + j, g);
-            CK(cudaGetLastError());
+            BENCH_CK(cudaGetLastError());
         }
         q.s = (const uint8_t *)p;
     }
@@ -437,13 +376,13 @@ int main(int argc, char **argv)
     rq.R = Rr;
     rq.K = Kr;
     rq.mat_w = wr;
-    CK(cudaMalloc(&p, (size_t)ws13));
+    BENCH_CK(cudaMalloc(&p, (size_t)ws13));
     k_fill_bf16<<<1024, 256>>>((uint16_t *)p, (size_t)ws13 / 2, o.seed * 11 + 5, 0.03f);
     sh13.w = (const uint8_t *)p;
-    CK(cudaMalloc(&p, (size_t)ws2));
+    BENCH_CK(cudaMalloc(&p, (size_t)ws2));
     k_fill_bf16<<<1024, 256>>>((uint16_t *)p, (size_t)ws2 / 2, o.seed * 11 + 6, 0.03f);
     sh2.w = (const uint8_t *)p;
-    CK(cudaMalloc(&p, (size_t)wr));
+    BENCH_CK(cudaMalloc(&p, (size_t)wr));
     k_fill_bf16<<<1024, 256>>>((uint16_t *)p, (size_t)wr / 2, o.seed * 11 + 7, 0.03f);
     rq.w = (const uint8_t *)p;
     bw.sh_mm = true;
@@ -471,35 +410,35 @@ int main(int argc, char **argv)
     cu_block_ws ws;
     memset(&ws, 0, sizeof ws);
     ws.lg_ld = E + 1;
-    CK(cudaMalloc(&ws.x, (size_t)(C * H) * 4));
-    CK(cudaMalloc(&ws.xa, (size_t)(C * H) * 4));
-    CK(cudaMalloc(&ws.logits, (size_t)(C * (E + 1)) * 4));
-    CK(cudaMalloc(&ws.wts, (size_t)S * 4));
-    CK(cudaMalloc(&ws.ids, (size_t)S * 4));
-    CK(cudaMalloc(&ws.act, (size_t)(S * il) * 4));
-    CK(cudaMalloc(&ws.eout, (size_t)(S * H) * 4));
-    CK(cudaMalloc(&ws.sh_act, (size_t)(C * isl) * 4));
-    CK(cudaMalloc(&ws.sh_out, (size_t)(C * H) * 4));
-    CK(cudaMalloc(&ws.out, (size_t)(C * H) * 4));
-    CK(cudaMalloc(&ws.xa16, (size_t)(C * H) * 2));
-    CK(cudaMalloc(&ws.act16, (size_t)(S * il) * 2));
-    CK(cudaMalloc(&ws.sh_act16, (size_t)(C * isl) * 2));
-    CK(cudaMalloc(&ws.n_groups, 4));
-    CK(cudaMalloc(&ws.g_mat, (size_t)G * 4));
-    CK(cudaMalloc(&ws.g_start, (size_t)G * 4));
-    CK(cudaMalloc(&ws.g_count, (size_t)G * 4));
-    CK(cudaMalloc(&ws.perm, (size_t)S * 4));
+    BENCH_CK(cudaMalloc(&ws.x, (size_t)(C * H) * 4));
+    BENCH_CK(cudaMalloc(&ws.xa, (size_t)(C * H) * 4));
+    BENCH_CK(cudaMalloc(&ws.logits, (size_t)(C * (E + 1)) * 4));
+    BENCH_CK(cudaMalloc(&ws.wts, (size_t)S * 4));
+    BENCH_CK(cudaMalloc(&ws.ids, (size_t)S * 4));
+    BENCH_CK(cudaMalloc(&ws.act, (size_t)(S * il) * 4));
+    BENCH_CK(cudaMalloc(&ws.eout, (size_t)(S * H) * 4));
+    BENCH_CK(cudaMalloc(&ws.sh_act, (size_t)(C * isl) * 4));
+    BENCH_CK(cudaMalloc(&ws.sh_out, (size_t)(C * H) * 4));
+    BENCH_CK(cudaMalloc(&ws.out, (size_t)(C * H) * 4));
+    BENCH_CK(cudaMalloc(&ws.xa16, (size_t)(C * H) * 2));
+    BENCH_CK(cudaMalloc(&ws.act16, (size_t)(S * il) * 2));
+    BENCH_CK(cudaMalloc(&ws.sh_act16, (size_t)(C * isl) * 2));
+    BENCH_CK(cudaMalloc(&ws.n_groups, 4));
+    BENCH_CK(cudaMalloc(&ws.g_mat, (size_t)G * 4));
+    BENCH_CK(cudaMalloc(&ws.g_start, (size_t)G * 4));
+    BENCH_CK(cudaMalloc(&ws.g_count, (size_t)G * 4));
+    BENCH_CK(cudaMalloc(&ws.perm, (size_t)S * 4));
     ws.s = s;
-    CK(cudaStreamCreateWithFlags(&ws.s2, cudaStreamNonBlocking));
-    CK(cudaEventCreateWithFlags(&ws.ev_fork, cudaEventDisableTiming));
-    CK(cudaEventCreateWithFlags(&ws.ev_join, cudaEventDisableTiming));
+    BENCH_CK(cudaStreamCreateWithFlags(&ws.s2, cudaStreamNonBlocking));
+    BENCH_CK(cudaEventCreateWithFlags(&ws.ev_fork, cudaEventDisableTiming));
+    BENCH_CK(cudaEventCreateWithFlags(&ws.ev_join, cudaEventDisableTiming));
     float *sgb;
-    CK(cudaMalloc(&sgb, (size_t)C * 4));
+    BENCH_CK(cudaMalloc(&sgb, (size_t)C * 4));
     k_fill_f32<<<1024, 256>>>(ws.x, (size_t)(C * H), o.seed * 11 + 9, 0.3f);
-    CK(cudaGetLastError());
+    BENCH_CK(cudaGetLastError());
     std::vector<float> hw((size_t)S);
     for (int64_t i = 0; i < S; i++) hw[(size_t)i] = 1.0f / (float)k;
-    CK(cudaMemcpy(ws.wts, hw.data(), (size_t)S * 4, cudaMemcpyHostToDevice));
+    BENCH_CK(cudaMemcpy(ws.wts, hw.data(), (size_t)S * 4, cudaMemcpyHostToDevice));
 
     /* ---- route sets: distinct experts per token, from a seeded LCG ---- */
     std::vector<int32_t *> sets((size_t)o.sets);
@@ -520,8 +459,8 @@ int main(int argc, char **argv)
                 } while (dup);
                 h[(size_t)(t * k + j)] = id;
             }
-        CK(cudaMalloc(&sets[(size_t)si], (size_t)S * 4));
-        CK(cudaMemcpy(sets[(size_t)si], h.data(), (size_t)S * 4, cudaMemcpyHostToDevice));
+        BENCH_CK(cudaMalloc(&sets[(size_t)si], (size_t)S * 4));
+        BENCH_CK(cudaMemcpy(sets[(size_t)si], h.data(), (size_t)S * 4, cudaMemcpyHostToDevice));
     }
 
     /* ---- cuBLAS baseline data ---- */
@@ -534,22 +473,22 @@ int main(int argc, char **argv)
         parr_w2((size_t)o.sets), parr_a((size_t)o.sets), parr_y((size_t)o.sets);
     const int64_t Mb = std::min<int64_t>(Mmax, 16);
     if (have_blas) {
-        CK(cudaMalloc(&bw13, (size_t)(E * 2 * il * H) * 2));
-        CK(cudaMalloc(&bw2, (size_t)(E * H * il) * 2));
+        BENCH_CK(cudaMalloc(&bw13, (size_t)(E * 2 * il * H) * 2));
+        BENCH_CK(cudaMalloc(&bw2, (size_t)(E * H * il) * 2));
         k_dequant_like<<<2048, 256>>>(bw13, (size_t)(E * 2 * il * H), o.seed * 13 + 1);
         k_dequant_like<<<2048, 256>>>(bw2, (size_t)(E * H * il), o.seed * 13 + 2);
-        CK(cudaMalloc(&brouter, (size_t)((E + 1) * H) * 2));
+        BENCH_CK(cudaMalloc(&brouter, (size_t)((E + 1) * H) * 2));
         k_fill_bf16<<<1024, 256>>>(brouter, (size_t)((E + 1) * H), 5, 0.03f);
-        CK(cudaMalloc(&bsh13, (size_t)(2 * isl * H) * 2));
-        CK(cudaMalloc(&bsh2, (size_t)(H * isl) * 2));
+        BENCH_CK(cudaMalloc(&bsh13, (size_t)(2 * isl * H) * 2));
+        BENCH_CK(cudaMalloc(&bsh2, (size_t)(H * isl) * 2));
         k_fill_bf16<<<1024, 256>>>(bsh13, (size_t)(2 * isl * H), 3, 0.03f);
         k_fill_bf16<<<1024, 256>>>(bsh2, (size_t)(H * isl), 4, 0.03f);
-        CK(cudaMalloc(&xb, (size_t)(C * H) * 2));
-        CK(cudaMalloc(&h13, (size_t)(Mb * k * 2 * il) * 4));
-        CK(cudaMalloc(&ab, (size_t)(Mb * k * il) * 2));
-        CK(cudaMalloc(&shh, (size_t)(Mb * 2 * isl) * 4));
-        CK(cudaMalloc(&shab, (size_t)(Mb * isl) * 2));
-        CK(cudaGetLastError());
+        BENCH_CK(cudaMalloc(&xb, (size_t)(C * H) * 2));
+        BENCH_CK(cudaMalloc(&h13, (size_t)(Mb * k * 2 * il) * 4));
+        BENCH_CK(cudaMalloc(&ab, (size_t)(Mb * k * il) * 2));
+        BENCH_CK(cudaMalloc(&shh, (size_t)(Mb * 2 * isl) * 4));
+        BENCH_CK(cudaMalloc(&shab, (size_t)(Mb * isl) * 2));
+        BENCH_CK(cudaGetLastError());
         for (int si = 0; si < o.sets; si++) {
             const int64_t n = Mb * k;
             std::vector<void *> a(n), b(n), c(n), d(n), e(n), f(n);
@@ -566,22 +505,22 @@ int main(int argc, char **argv)
             std::vector<void **> *dst[6] = {&parr_w13, &parr_x, &parr_h, &parr_w2, &parr_a, &parr_y};
             for (int j = 0; j < 6; j++) {
                 void **dp;
-                CK(cudaMalloc(&dp, (size_t)n * sizeof(void *)));
-                CK(cudaMemcpy(dp, src[j]->data(), (size_t)n * sizeof(void *), cudaMemcpyHostToDevice));
+                BENCH_CK(cudaMalloc(&dp, (size_t)n * sizeof(void *)));
+                BENCH_CK(cudaMemcpy(dp, src[j]->data(), (size_t)n * sizeof(void *), cudaMemcpyHostToDevice));
                 (*dst[j])[(size_t)si] = dp;
             }
         }
     } else if (!o.no_cublas) {
         fprintf(stderr, "moe_decode: cuBLAS not found (pass --cublas PATH): no baseline column\n");
     }
-    CK(cudaDeviceSynchronize());
+    BENCH_CK(cudaDeviceSynchronize());
 
     const double e13 = (double)(w13b + w13.mat_s), e2 = (double)(w2b + w2.mat_s);
     const double router_b = (double)wr, shared_b = (double)(ws13 + ws2);
     int32_t *ids_scratch;
     float *wts_scratch;
-    CK(cudaMalloc(&ids_scratch, (size_t)S * 4));
-    CK(cudaMalloc(&wts_scratch, (size_t)S * 4));
+    BENCH_CK(cudaMalloc(&ids_scratch, (size_t)S * 4));
+    BENCH_CK(cudaMalloc(&wts_scratch, (size_t)S * 4));
     std::vector<row> rows;
     for (int64_t M : o.Ms) {
         std::vector<cudaGraphExec_t> gb, gr, gc, gq, gt;
@@ -609,12 +548,12 @@ int main(int argc, char **argv)
                 TRYE(cu_moe_round(ws.x, ws.xa, M * H, o.act, s, &err), err);
                 k_to_bf16<<<(unsigned)((M * H + 255) / 256), 256, 0, s>>>(ws.xa, xb, M * H);
                 /* the shared expert on the second stream from here on, as in the engine */
-                CK(cudaEventRecord(ws.ev_fork, s));
-                CK(cudaStreamWaitEvent(ws.s2, ws.ev_fork, 0));
+                BENCH_CK(cudaEventRecord(ws.ev_fork, s));
+                BENCH_CK(cudaStreamWaitEvent(ws.s2, ws.ev_fork, 0));
                 gemm_rowmajor(bl.h2, &bl, bsh13, xb, shh, (int)(2 * isl), (int)M, (int)H);
                 k_swiglu_bf16<<<(unsigned)((M * isl + 255) / 256), 256, 0, ws.s2>>>(shh, shab, M, isl);
                 gemm_rowmajor(bl.h2, &bl, bsh2, shab, ws.sh_out, (int)H, (int)M, (int)isl);
-                CK(cudaEventRecord(ws.ev_join, ws.s2));
+                BENCH_CK(cudaEventRecord(ws.ev_join, ws.s2));
                 gemm_rowmajor(bl.h, &bl, brouter, xb, ws.logits, (int)(E + 1), (int)M, (int)H);
                 TRYE(cu_moe_route(ws.logits, ws.lg_ld, M, E, k, true, ids_scratch, wts_scratch, o.generic, false, s, &err), err);
                 BL(bl.gemm_batched(bl.h, CUBLAS_OP_T, CUBLAS_OP_N, (int)(2 * il), 1, (int)H, &one,
@@ -628,7 +567,7 @@ int main(int argc, char **argv)
                                    (const void *const *)parr_a[(size_t)si], CUDA_R_16BF, (int)il, &zero,
                                    parr_y[(size_t)si], CUDA_R_32F, (int)H, n, CUBLAS_COMPUTE_32F,
                                    CUBLAS_GEMM_DEFAULT));
-                CK(cudaStreamWaitEvent(s, ws.ev_join, 0));
+                BENCH_CK(cudaStreamWaitEvent(s, ws.ev_join, 0));
                 TRYE(cu_moe_combine(ws.wts, ws.eout, k, ws.logits + E, ws.lg_ld, ws.sh_out, M, H, o.act, 0, ws.out, false,
                                     s, &err),
                      err);
@@ -641,12 +580,12 @@ int main(int argc, char **argv)
             for (int part = 0; part < 3; part++) {
                 if (part == 2 && (!have_blas || M > Mb)) continue;
                 cudaGraph_t graph;
-                CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+                BENCH_CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
                 enqueue(part, si);
-                CK(cudaStreamEndCapture(s, &graph));
+                BENCH_CK(cudaStreamEndCapture(s, &graph));
                 cudaGraphExec_t ex;
-                CK(cudaGraphInstantiate(&ex, graph, 0));
-                CK(cudaGraphDestroy(graph));
+                BENCH_CK(cudaGraphInstantiate(&ex, graph, 0));
+                BENCH_CK(cudaGraphDestroy(graph));
                 (part == 0 ? gb : part == 1 ? gr : gc).push_back(ex);
             }
         }
@@ -657,34 +596,34 @@ int main(int argc, char **argv)
         for (int part = 0; part < 5; part++) {
             if (part == 2 && (!have_blas || M > Mb)) continue;
             cudaGraph_t graph;
-            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            BENCH_CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
             for (int si = 0; si < o.sets; si++) enqueue(part, si);
-            CK(cudaStreamEndCapture(s, &graph));
+            BENCH_CK(cudaStreamEndCapture(s, &graph));
             cudaGraphExec_t ex;
-            CK(cudaGraphInstantiate(&ex, graph, 0));
-            CK(cudaGraphDestroy(graph));
+            BENCH_CK(cudaGraphInstantiate(&ex, graph, 0));
+            BENCH_CK(cudaGraphDestroy(graph));
             (part == 0 ? cb : part == 1 ? cr : part == 2 ? cc : part == 3 ? gq : gt).push_back(ex);
         }
         row r;
         memset(&r, 0, sizeof r);
         r.M = M;
         r.distinct = distinct_sum / o.sets;
-        r.block = time_graphs(gb, o.iters, s);
-        r.routed = time_graphs(gr, o.iters, s);
-        r.cublas = gc.empty() ? NAN : time_graphs(gc, o.iters, s);
+        r.block = bench_time_graphs(gb, o.iters, s);
+        r.routed = bench_time_graphs(gr, o.iters, s);
+        r.cublas = gc.empty() ? NAN : bench_time_graphs(gc, o.iters, s);
         const int chain_iters = std::max(10, o.iters / o.sets);
-        r.router = time_graphs(gq, chain_iters, s) / o.sets;
-        r.route = time_graphs(gt, chain_iters, s) / o.sets;
-        r.chain_block = time_graphs(cb, chain_iters, s) / o.sets;
-        r.chain_routed = time_graphs(cr, chain_iters, s) / o.sets;
-        r.chain_cublas = cc.empty() ? NAN : time_graphs(cc, chain_iters, s) / o.sets;
+        r.router = bench_time_graphs(gq, chain_iters, s) / o.sets;
+        r.route = bench_time_graphs(gt, chain_iters, s) / o.sets;
+        r.chain_block = bench_time_graphs(cb, chain_iters, s) / o.sets;
+        r.chain_routed = bench_time_graphs(cr, chain_iters, s) / o.sets;
+        r.chain_cublas = cc.empty() ? NAN : bench_time_graphs(cc, chain_iters, s) / o.sets;
         const double act_b = 2.0 * (double)(M * H) * 4.0;
         const double dist = (double)distinct_sum / o.sets;
         r.floor_routed = (dist * (e13 + e2) + act_b) / copy_bw * 1e6;
         r.floor_block = (dist * (e13 + e2) + act_b + router_b + shared_b) / copy_bw * 1e6;
         rows.push_back(r);
         for (auto *v : {&gb, &gr, &gc, &gq, &gt, &cb, &cr, &cc})
-            for (auto e : *v) CK(cudaGraphExecDestroy(e));
+            for (auto e : *v) BENCH_CK(cudaGraphExecDestroy(e));
         if (!o.json)
             fprintf(stderr, "M=%lld done\n", (long long)M);
     }
