@@ -21,6 +21,9 @@
  *   (which lets the next such kernel start) only after that wait, so a kernel that starts
  *   early may rely on everything before its predecessor being complete. Without pdl (or for
  *   a kernel launched with <<<>>>) both calls are no-ops.
+ * - Bulk copies into shared memory on mbarriers (sm_90): cu_mbar_init / cu_mbar_init_fence,
+ *   cu_mbar_expect + cu_bulk_copy (one thread), cu_mbar_wait (the readers), on shared-memory
+ *   addresses from cu_smem_addr (the decode kernel's rings, bench/gpu/mem_probe).
  */
 #ifndef TD_CUDA_COMMON_CUH
 #define TD_CUDA_COMMON_CUH
@@ -73,6 +76,40 @@ typedef struct cu_lin {
 
 __device__ __forceinline__ void cu_pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void cu_pdl_release(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+/* Bulk copies into shared memory completing on an mbarrier (sm_90): one thread arms a buffer's
+ * mbarrier with the expected byte count (cu_mbar_expect) and issues the copies
+ * (cu_bulk_copy); the threads that read the buffer wait for the barrier's phase
+ * (cu_mbar_wait). The issue and wait helpers take shared-memory addresses (cu_smem_addr). */
+__device__ __forceinline__ uint32_t cu_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cu_mbar_init(uint64_t *bar)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(cu_smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void cu_mbar_init_fence(void)
+{
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void cu_mbar_expect(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cu_bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void cu_mbar_wait(uint32_t bar, uint32_t phase)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(phase)
+                     : "memory");
+    } while (!done);
+}
 
 template <typename... P, typename... A>
 static inline cudaError_t cu_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool pdl,

@@ -680,41 +680,6 @@ template <int WK, int CH, int NT> struct dec_rings {
     static constexpr int bytes = dec_ring_bytes(WK, CH, NT);
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-/* A warp's chunk buffers are filled by the bulk-copy engine: one thread arms the buffer's
- * mbarrier with the expected byte count and issues the copies; the warp waits on the
- * barrier's phase. */
-__device__ __forceinline__ void mbar_init(uint64_t *bar)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_init_fence(void)
-{
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-/* The issue and wait helpers take shared-memory addresses (smem_addr), computed once per warp. */
-__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase)
-{
-    uint32_t done;
-    do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(phase)
-                     : "memory");
-    } while (!done);
-}
-
 /* A block's walk over its items: group g (matrix, slots) and block of DW row tiles tb. The
  * group lookup (a global load) runs only when the walk enters a new group. */
 struct dec_pos {
@@ -757,9 +722,9 @@ __device__ __forceinline__ void dec_issue(const uint8_t *gw, const uint8_t *gs, 
 {
     typedef dec_sizes<WK, CH> Z;
     if (lane == 0) {
-        mbar_expect(bar, Z::chunk);
-        bulk_copy(buf, gw, Z::w, bar);
-        bulk_copy(buf + Z::w, gs, Z::s, bar);
+        cu_mbar_expect(bar, Z::chunk);
+        cu_bulk_copy(buf, gw, Z::w, bar);
+        cu_bulk_copy(buf + Z::w, gs, Z::s, bar);
     }
 }
 
@@ -972,8 +937,8 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
         it1 = (int)((int64_t)(blockIdx.x + 1) * n_items / gridDim.x);
     }
     if (it0 >= it1) return;
-    if (lane < DEC_STAGES) mbar_init(&bar[lane]);
-    mbar_init_fence();
+    if (lane < DEC_STAGES) cu_mbar_init(&bar[lane]);
+    cu_mbar_init_fence();
     __syncwarp();
     dec_pos cur;
     cur.g = it0 / tbx;
@@ -984,7 +949,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
      * nor waited for */
     dec_stream<WK, CH, DW> is;
     is.start(a, cur, it0, it1, warp);
-    const uint32_t ring_s = smem_addr(ring), bar_s = smem_addr(bar); /* shared-memory addresses */
+    const uint32_t ring_s = cu_smem_addr(ring), bar_s = cu_smem_addr(bar); /* shared-memory addresses */
     for (int st = 0; st < DEC_STAGES && is.more(); st++)
         is.issue(a, tbx, warp, lane, ring_s + st * Z::chunk, bar_s + st * 8);
     if (early) cu_pdl_wait();
@@ -1001,7 +966,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
             for (int e = 0; e < 4; e++) v[nt][e] = 0.0f;
         for (int ch = 0; ch < NC; ch++) {
             if (live) {
-                mbar_wait(bar_s + slot * 8, phases >> slot & 1u);
+                cu_mbar_wait(bar_s + slot * 8, phases >> slot & 1u);
                 phases ^= 1u << slot;
                 float p[DEC_NA][4];
                 /* uniform branches: tiles past the group's slots would be dropped */

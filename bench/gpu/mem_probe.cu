@@ -31,6 +31,7 @@
  */
 #include <cuda_runtime.h>
 
+#include "common.cuh"
 #include "gpu_timing.cuh"
 
 #include <algorithm>
@@ -50,17 +51,14 @@ struct cfg {
     int grid, warps, stages, work;
 };
 
-__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
 __global__ void k_bulk(const uint8_t *base, long long total, long long seg, int chunk, int stages, int work, unsigned *sink)
 {
     extern __shared__ uint4 ring_sh[];
     __shared__ uint64_t bars[MAX_WARPS][MAX_STAGES];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
     uint8_t *ring = reinterpret_cast<uint8_t *>(ring_sh) + (size_t)warp * stages * chunk;
-    if (lane < stages)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(saddr(&bars[warp][lane])) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    if (lane < stages) cu_mbar_init(&bars[warp][lane]);
+    cu_mbar_init_fence();
     __syncwarp();
     const long long nseg = total / seg, tw = (long long)nw * gridDim.x;
     const int cps = (int)(seg / chunk);
@@ -70,13 +68,9 @@ __global__ void k_bulk(const uint8_t *base, long long total, long long seg, int 
     for (long long s = s_iss; s < nseg; s += tw) todo += cps;
     auto issue = [&](int slot) {
         if (lane == 0) {
-            const uint32_t bar = saddr(&bars[warp][slot]), dst = saddr(ring + (size_t)slot * chunk);
-            const uint8_t *src = base + s_iss * seg + (long long)c_iss * chunk;
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(chunk) : "memory");
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                             dst),
-                         "l"(src), "r"(chunk), "r"(bar)
-                         : "memory");
+            const uint32_t bar = cu_smem_addr(&bars[warp][slot]), dst = cu_smem_addr(ring + (size_t)slot * chunk);
+            cu_mbar_expect(bar, (uint32_t)chunk);
+            cu_bulk_copy(dst, base + s_iss * seg + (long long)c_iss * chunk, (uint32_t)chunk, bar);
         }
         if (++c_iss == cps) {
             c_iss = 0;
@@ -88,15 +82,7 @@ __global__ void k_bulk(const uint8_t *base, long long total, long long seg, int 
     unsigned acc = 0, phases = 0;
     int slot = 0;
     for (long long k = 0; k < todo; k++) {
-        const uint32_t bar = saddr(&bars[warp][slot]);
-        uint32_t done;
-        do {
-            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, "
-                         "p;\n}\n"
-                         : "=r"(done)
-                         : "r"(bar), "r"((phases >> slot) & 1u)
-                         : "memory");
-        } while (!done);
+        cu_mbar_wait(cu_smem_addr(&bars[warp][slot]), (phases >> slot) & 1u);
         phases ^= 1u << slot;
         const unsigned word = reinterpret_cast<const unsigned *>(ring + (size_t)slot * chunk)[lane];
         acc ^= word;
@@ -159,9 +145,17 @@ static bool parse_cfg(const char *s, cfg &c)
 {
     char name[64];
     long long tot, seg, ch;
-    int g, w, st, wk = 0;
-    const int n = sscanf(s, "%63[^:]:%lld:%lld:%lld:%d:%d:%d:%d", name, &tot, &seg, &ch, &g, &w, &st, &wk);
-    if (n != 7 && n != 8) return false;
+    int g, w, st, wk = 0, used = -1;
+    /* seven fields, or eight with WORK; nothing may follow */
+    if (sscanf(s, "%63[^:]:%lld:%lld:%lld:%d:%d:%d%n", name, &tot, &seg, &ch, &g, &w, &st, &used) != 7 || used < 0)
+        return false;
+    if (s[used] == ':') {
+        const char *r = s + used + 1;
+        int more = -1;
+        if (sscanf(r, "%d%n", &wk, &more) != 1 || more < 0 || r[more] != '\0') return false;
+    } else if (s[used] != '\0') {
+        return false;
+    }
     c = cfg{name, tot, seg, ch, g, w, st, wk};
     return true;
 }
