@@ -74,7 +74,9 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
     m.out_ld = H;
     m.out_n = H;
     m.epi = CU_MM_STORE;
-    m.pdl = 1; /* W2's routes and groups predate W13: its weights can load while W13 runs */
+    /* W2's routes and groups predate W13: its weights can load while W13 runs (the routed
+     * experts' decode kernel; the shared expert's W2 waits first) */
+    m.pdl = routed_slots ? 1 : 2;
     return cu_mm(&m, s, err);
 }
 
@@ -171,7 +173,7 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
         m.epi = CU_MM_F32;
         m.act = act;
         m.generic = sh->generic;
-        m.pdl = 2; /* after k_round16 */
+        m.pdl = 1; /* after k_round16, whose output it stages after its weight loads are issued */
         st = cu_mm(&m, s, err);
     } else {
         if (need_router) st = cu_moe_linear(ly->router, 0, E, c->xa, H, Mc, c->logits, lg, s, err);

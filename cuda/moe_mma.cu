@@ -492,8 +492,8 @@ __device__ __forceinline__ void mm_compute(const mm_args &a, int64_t mat, int ba
  * prepared, 1 NVFP4 raw, 2 BF16. */
 template <int WK, int ACT, int NT, int NTMAX>
 __device__ __forceinline__ void mm_chunk(const mm_args &a, int64_t mat, int64_t rt, int k0, int k1, int count,
-                                         uint32_t *xs, const int32_t *plist, int64_t slot0, bool stage, int lane,
-                                         float acc[2][4])
+                                         uint32_t *xs, const int32_t *plist, int64_t slot0, bool stage, bool early,
+                                         int lane, float acc[2][4])
 {
     constexpr bool SPLIT = WK == 2 && ACT == 1;
     /* BF16 in a one-tile kernel (the router and shared expert at decode sizes, grids of at most
@@ -507,7 +507,13 @@ __device__ __forceinline__ void mm_chunk(const mm_args &a, int64_t mat, int64_t 
         const int n = k1 - base < PF ? (k1 > base ? k1 - base : 0) : PF;
         mm_regs<PF> r;
         mm_load<WK, PF>(a.c.W, a.geo.KS, mat, rt, base, n, lane, r);
-        if (stage && base == k0) stage_x<SPLIT, 2>(a, plist, slot0, count, xs); /* while the weights load */
+        if (stage && base == k0) { /* while the weights load */
+            if (early) { /* the first weights were issued before the previous kernel ended */
+                cu_pdl_wait();
+                cu_pdl_release();
+            }
+            stage_x<SPLIT, 2>(a, plist, slot0, count, xs);
+        }
         mm_compute<WK, ACT, NT, PF>(a, mat, base, n, count, xs, lane, r, acc);
         if (base + PF >= k1) break;
     }
@@ -583,8 +589,14 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 :
     uint32_t *xs = reinterpret_cast<uint32_t *>(xs_raw);
     const cu_mm_call &c = a.c;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    cu_pdl_wait();
-    cu_pdl_release();
+    /* pdl 1 with range groups (router, shared expert): the group needs no memory and the
+     * weights are constant, so the first chunk's weight loads are issued before the wait
+     * (mm_chunk waits before it stages the inputs) */
+    const bool early = c.pdl == 1 && !c.perm && !c.ids;
+    if (!early) {
+        cu_pdl_wait();
+        cu_pdl_release();
+    }
     int64_t mat, slot0;
     int count;
     const int32_t *plist;
@@ -599,8 +611,8 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 :
     if (a.split) {
         int k0 = kw * chunk, k1 = k0 + chunk < KS ? k0 + chunk : KS;
         if (!live || k1 < k0) k1 = k0;
-        if (ntn == 1) mm_chunk<WK, ACT, 1, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, true, lane, v);
-        else mm_chunk<WK, ACT, NTMAX, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, true, lane, v);
+        if (ntn == 1) mm_chunk<WK, ACT, 1, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, true, early, lane, v);
+        else mm_chunk<WK, ACT, NTMAX, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, true, early, lane, v);
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -618,8 +630,8 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 :
             int k0 = ch * chunk, k1 = k0 + chunk < KS ? k0 + chunk : KS;
             if (!live || k1 < k0) k1 = k0;
             float p[2][4];
-            if (ntn == 1) mm_chunk<WK, ACT, 1, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, ch == 0, lane, p);
-            else mm_chunk<WK, ACT, NTMAX, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, ch == 0, lane, p);
+            if (ntn == 1) mm_chunk<WK, ACT, 1, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, ch == 0, early, lane, p);
+            else mm_chunk<WK, ACT, NTMAX, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, ch == 0, early, lane, p);
             for (int nt = 0; nt < 2; nt++)
                 for (int e = 0; e < 4; e++) v[nt][e] = ch == 0 ? p[nt][e] : __fadd_rn(v[nt][e], p[nt][e]);
         }

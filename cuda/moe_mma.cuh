@@ -156,10 +156,12 @@ typedef struct cu_mm_call {
     int generic;                 /* 1: always k_mm (the decode kernel k_dec is never used) */
     int pdl;                     /* programmatic dependent launch (common.cuh): 0 none; 2 the
                                     kernel may start while the previous kernel on the stream
-                                    runs and waits for it first; 1 the same, but the decode
-                                    kernel loads its first weights before it waits: the routes
-                                    and groups must come from earlier work, only in16 from
-                                    that kernel (k_mm waits first either way) */
+                                    runs and waits for it first; 1 the same, but the kernel
+                                    loads its first weights before it waits: the routes and
+                                    groups must come from earlier work, only in16 from that
+                                    kernel (the decode kernel; k_mm with range groups, e.g.
+                                    the router; k_mm with routes or device groups waits
+                                    first) */
 } cu_mm_call;
 
 td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err);
