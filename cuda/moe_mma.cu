@@ -293,6 +293,9 @@ struct mm_args {
     mm_geo geo;
     int split;      /* 1: the NC chunks of a row tile run on NC warps; 0: on one warp */
     int xrows;      /* staged input rows (the most tokens a group can have) */
+    int kparts;     /* unsplit mode: the staged rows hold K in this many parts of NC / kparts
+                       chunks, one after the other (geo.xs_w sized for one part), so that
+                       two blocks fit an SM where the whole rows would not */
 };
 
 /* Staged rows: the pair of input columns (2w, 2w+1) of step w / 16 goes to word
@@ -308,9 +311,12 @@ struct mm_args {
  * loads before it stores any, so staging 16 rows costs a few round trips to memory, not one
  * per row (U: 4 in k_dec, 2 in k_mm, whose weight registers are live meanwhile). */
 template <bool SPLIT, int U>
-__device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, int64_t slot0, int count, uint32_t *xs)
+__device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, int64_t slot0, int count, uint32_t *xs,
+                                        int s0 = 0, int s1 = -1)
 {
-    const int xs_w = (int)a.geo.xs_w, nv = (int)(a.c.W.K / 8), valid = (int)(a.c.in_cols / 8);
+    /* steps [s0, s1) (s1 < 0: to the end of K) land at step s - s0 */
+    const int xs_w = (int)a.geo.xs_w, valid = (int)(a.c.in_cols / 8);
+    const int v0 = 4 * s0, v1 = s1 < 0 ? (int)(a.c.W.K / 8) : 4 * s1, nv = v1 - v0;
     const int copy = a.xrows * xs_w;
     const int div = (int)a.c.in_div;
     const int total = count * nv, step = (int)blockDim.x;
@@ -323,12 +329,12 @@ __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, 
             q4[u] = make_uint4(0, 0, 0, 0);
             dst[u] = nullptr;
             if (idx < total) {
-                const int j = idx / nv, v = idx - j * nv;
+                const int j = idx / nv, v = v0 + (idx - j * nv);
                 const int slot = plist ? plist[j] : (int)slot0 + j;
                 if (v < valid)
                     q4[u] = __ldg(reinterpret_cast<const uint4 *>(a.c.in16 + (int64_t)(slot / div) * a.c.in_ld) + v);
                 const int m = v & 3;
-                dst[u] = xs + j * xs_w + (v >> 2) * 16 + (m >> 1) * 2 + (m & 1);
+                dst[u] = xs + j * xs_w + ((v >> 2) - s0) * 16 + (m >> 1) * 2 + (m & 1);
             }
         }
 #pragma unroll
@@ -404,7 +410,7 @@ __device__ __forceinline__ void mm_load(const cu_qmat &W, int64_t KS, int64_t ma
 /* Accumulate steps [base, base + n) held in r into acc (NT n-tiles), B from the staged rows. */
 template <int WK, int ACT, int NT, int PF>
 __device__ __forceinline__ void mm_compute(const mm_args &a, int64_t mat, int base, int n, int count, const uint32_t *xs,
-                                           int lane, const mm_regs<PF> &r, float acc[2][4])
+                                           int s0, int lane, const mm_regs<PF> &r, float acc[2][4])
 {
     const cu_qmat &W = a.c.W;
     const int xs_w = (int)a.geo.xs_w, copy = a.xrows * xs_w;
@@ -423,8 +429,8 @@ __device__ __forceinline__ void mm_compute(const mm_args &a, int64_t mat, int ba
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
                 if (nt * 8 + g < count) {
-                    Bs[nt] = xrow[nt][(base + i) * 4];
-                    if (SPLIT) Ls[nt] = xrow[nt][copy / 4 + (base + i) * 4];
+                    Bs[nt] = xrow[nt][(base - s0 + i) * 4];
+                    if (SPLIT) Ls[nt] = xrow[nt][copy / 4 + (base - s0 + i) * 4];
                 }
             float2 eff_lo = make_float2(0.f, 0.f), eff_hi = make_float2(0.f, 0.f);
             if (WK == 0) {
@@ -493,7 +499,7 @@ __device__ __forceinline__ void mm_compute(const mm_args &a, int64_t mat, int ba
 template <int WK, int ACT, int NT, int NTMAX>
 __device__ __forceinline__ void mm_chunk(const mm_args &a, int64_t mat, int64_t rt, int k0, int k1, int count,
                                          uint32_t *xs, const int32_t *plist, int64_t slot0, bool stage, bool early,
-                                         int lane, float acc[2][4])
+                                         int s0, int s1, int lane, float acc[2][4])
 {
     constexpr bool SPLIT = WK == 2 && ACT == 1;
     /* BF16 in a one-tile kernel (the router and shared expert at decode sizes, grids of at most
@@ -512,9 +518,10 @@ __device__ __forceinline__ void mm_chunk(const mm_args &a, int64_t mat, int64_t 
                 cu_pdl_wait();
                 cu_pdl_release();
             }
-            stage_x<SPLIT, 2>(a, plist, slot0, count, xs);
+            if (s0 > 0) __syncthreads(); /* a later part: every warp is done with the one before */
+            stage_x<SPLIT, 2>(a, plist, slot0, count, xs, s0, s1);
         }
-        mm_compute<WK, ACT, NT, PF>(a, mat, base, n, count, xs, lane, r, acc);
+        mm_compute<WK, ACT, NT, PF>(a, mat, base, n, count, xs, s0, lane, r, acc);
         if (base + PF >= k1) break;
     }
 }
@@ -611,8 +618,8 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 :
     if (a.split) {
         int k0 = kw * chunk, k1 = k0 + chunk < KS ? k0 + chunk : KS;
         if (!live || k1 < k0) k1 = k0;
-        if (ntn == 1) mm_chunk<WK, ACT, 1, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, true, early, lane, v);
-        else mm_chunk<WK, ACT, NTMAX, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, true, early, lane, v);
+        if (ntn == 1) mm_chunk<WK, ACT, 1, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, true, early, 0, -1, lane, v);
+        else mm_chunk<WK, ACT, NTMAX, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, true, early, 0, -1, lane, v);
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -626,12 +633,27 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 :
                 v[nt][e] = s;
             }
     } else {
+        /* chunks per staged part (parts only where cu_mm chooses them: BF16 weights, FP16
+         * inputs, prefill-sized calls; every other instance stages K whole) */
+        constexpr bool PARTS = WK == 2 && ACT == 1 && NTMAX == 2;
+        const int cpp = PARTS ? NC / a.kparts : NC;
         for (int ch = 0; ch < NC; ch++) {
             int k0 = ch * chunk, k1 = k0 + chunk < KS ? k0 + chunk : KS;
             if (!live || k1 < k0) k1 = k0;
+            /* the part's steps [s0, s1): staged by the whole block at its first chunk */
+            int s0 = 0, s1 = -1;
+            if (PARTS) {
+                s0 = ch / cpp * cpp * chunk;
+                s1 = s0 + cpp * chunk < KS ? s0 + cpp * chunk : KS;
+            }
+            const bool stage = PARTS ? ch % cpp == 0 : ch == 0;
             float p[2][4];
-            if (ntn == 1) mm_chunk<WK, ACT, 1, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, ch == 0, early, lane, p);
-            else mm_chunk<WK, ACT, NTMAX, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, ch == 0, early, lane, p);
+            if (ntn == 1)
+                mm_chunk<WK, ACT, 1, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, stage, early && ch == 0, s0, s1,
+                                            lane, p);
+            else
+                mm_chunk<WK, ACT, NTMAX, NTMAX>(a, mat, rt, k0, k1, count, xs, plist, slot0, stage, early && ch == 0, s0,
+                                                s1, lane, p);
             for (int nt = 0; nt < 2; nt++)
                 for (int e = 0; e < 4; e++) v[nt][e] = ch == 0 ? p[nt][e] : __fadd_rn(v[nt][e], p[nt][e]);
         }
@@ -1113,6 +1135,11 @@ __global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int
 /* ==== launchers ============================================================================== */
 
 #define MM_SMEM_MAX (200 * 1024)
+/* k_mm's staged rows, at most, for two blocks per SM (227 KB less two blocks' static and
+ * reserved shared memory, rounded down) */
+#define MM_SMEM_TWO (104 * 1024)
+/* The weight kind index of a call: 0 NVFP4 prepared, 1 NVFP4 raw, 2 BF16. */
+#define WK_OF(c) ((c)->W.kind == CU_W_NVFP4 ? ((c)->W.raw ? 1 : 0) : 2)
 /* The decode kernel's dynamic shared memory, at most: the SM's 227 KB less its static barriers
  * (24 staged rows of K = 2560 plus the rings of 16 warps take 221.5 KB). */
 #define DEC_SMEM_MAX (227 * 1024 - 1024)
@@ -1307,17 +1334,26 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     /* prefill-sized calls: one warp per row tile and all chunks (8 tiles share the inputs in
      * L1); decode-sized calls: the chunks of a tile on NC warps. Same bits either way. */
     a.split = c->nslots < 256;
+    a.kparts = 1;
     const int nk = a.split ? a.geo.NC : 1, rpb = MM_MAX_WARPS / nk;
     /* staged rows: the most slots a group can hold */
     a.xrows = (int)(c->pack < c->nslots ? c->pack : c->nslots);
     const int ntmax = a.xrows > 8 ? 2 : 1;
-    const int WK = c->W.kind == CU_W_NVFP4 ? (c->W.raw ? 1 : 0) : 2;
+    const int WK = WK_OF(c);
     const int64_t RT = c->W.R / 16;
     dim3 grid((unsigned)((RT + rpb - 1) / rpb), (unsigned)c->max_groups);
     if (dec_fits(&c->W, c->generic, a.xrows))
         return launch_dec_pick(a, WK, c->act, a.geo.chunk == 10, s, err);
     if (a.xrows > 2 * 8)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: groups of %d slots need the decode kernel", a.xrows);
+    /* prefill-sized calls whose staged rows would keep k_mm to one block per SM (BF16 weights
+     * with FP16 inputs, whose rows are staged twice, hi and lo, at K = 2560: 166 KB) stage K
+     * in two halves instead (same sums, same order) */
+    if (WK == 2 && c->act == 1 && ntmax == 2 && !a.split && a.geo.NC % 2 == 0 &&
+        (size_t)a.xrows * (size_t)a.geo.xs_w * 4 * 2 > MM_SMEM_TWO) {
+        a.kparts = 2;
+        a.geo.xs_w = ((int64_t)(a.geo.NC / 2) * a.geo.chunk * 16 + 31) / 32 * 32 + 16;
+    }
     if (WK == 0) return c->act == 1 ? launch_nt<0, 1>(a, ntmax, grid, s, err) : launch_nt<0, 2>(a, ntmax, grid, s, err);
     if (WK == 1) return c->act == 1 ? launch_nt<1, 1>(a, ntmax, grid, s, err) : launch_nt<1, 2>(a, ntmax, grid, s, err);
     return c->act == 1 ? launch_nt<2, 1>(a, ntmax, grid, s, err) : launch_nt<2, 2>(a, ntmax, grid, s, err);
