@@ -65,7 +65,9 @@ sanitize)
   t memcheck_raw compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --experts 64 --M 3,17 --iters 3 --sets 2 --act bf16 --storage raw --tp 4
   # hidden 320 / inter 160: chunks of 10 and 5 steps, so W13 and W2 run on the decode kernel
   # (one, two and three 8-token tiles at M = 1, 9 and 300) and the grouping kernel on 3,000 slots
-  t racecheck compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,300 --iters 2 --sets 1 --act fp16 --dispatch grouped ;;
+  t racecheck compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,300 --iters 2 --sets 1 --act fp16 --dispatch grouped
+  # hidden 2048 at 300 tokens: the BF16 router and shared expert (FP16 inputs) stage K in two halves
+  t racecheck_parts compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 16 --hidden 2048 --inter 64 --shared 128 --topk 4 --M 300 --iters 1 --sets 1 --act fp16 ;;
 kernels)
   for m in 1 4 16; do
     t ncu_block_M$m ncu --clock-control none --metrics gpu__time_duration.sum,sm__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \

@@ -30,6 +30,9 @@
  * - the decode kernel (k_dec) against the general kernel (kernels=generic), bit for bit, for
  *   fp16/bf16, prepared/raw, direct/grouped, graphs, TP slices, on a shape where every routed
  *   projection takes it, and against ref;
+ * - prefill-sized calls (one warp per row tile; at hidden 2048 the BF16 router and shared
+ *   expert stage K in two halves) against decode-sized calls of the same tokens, bit for bit,
+ *   and against ref;
  * - routing with 1,100 experts (three per thread of the routing kernel) against ref's top-k
  *   ids, and a token whose logits are all NaN (experts 0..k-1, as ref; its neighbours
  *   unaffected).
@@ -524,6 +527,62 @@ static void cuda_decode_kernel(void **state)
     mf_free(&m);
 }
 
+/* Prefill-sized calls take other paths than decode-sized ones (k_mm: a row tile's chunks on
+ * one warp instead of several; the BF16 router and shared expert with FP16 inputs at this K
+ * stage their input rows in two halves of K, one after the other), which by the numerics
+ * contract give the same bits. Hidden 2048 (64 steps in 8 chunks of 8: the staged rows of 16
+ * tokens would take 133 KB, so they are staged in halves): a 300-token call against the ref
+ * bound, and its first and last 5 tokens bit for bit (outputs and top-k ids) against calls of
+ * those 5 tokens alone. */
+static void cuda_prefill_parts(void **state)
+{
+    (void)state;
+    mf_opts o;
+    shape(&o, 29, 2048, 16, 4, 64, 128);
+    mf_model m;
+    const char *dir = fixture_or_skip("gpu_parts", &o, &m);
+    static const char *const v = "cuda:act_dtype=fp16";
+    compare(dir, "ref:scale=fp16,act_dtype=fp16", v, 4e-3, 0, 300, -1, "parts");
+    const int64_t H = o.hidden, k = o.top_k, M = 300, m5 = 5;
+    float *x = malloc((size_t)(M * H) * sizeof *x), *y = malloc((size_t)(M * H) * sizeof *y),
+          *y5 = malloc((size_t)(m5 * H) * sizeof *y5);
+    int32_t *ids = malloc((size_t)(M * k) * sizeof *ids);
+    assert_true(x && y && y5 && ids);
+    td_rng rng;
+    td_rng_seed(&rng, 2903);
+    for (int64_t i = 0; i < M * H; i++) x[i] = 0.5f * td_rng_normal_f32(&rng);
+    td_engine *e = td_test_engine(dir, v);
+    td_taps *t = NULL;
+    td_err err;
+    static const char *const tp[] = {"L*.moe.topk"};
+    assert_int_equal(td_taps_new(tp, 1, &t, &err), TD_OK);
+    td_engine_set_taps(e, t);
+    td_block_call c = {0, TD_BLOCK_MOE, M, x, y, NULL, NULL};
+    if (td_engine_run_block(e, &c, &err)) fail_msg("%s M=300: %s", v, err.msg);
+    const td_tap *tk = td_taps_find(t, "L0.moe.topk");
+    assert_non_null(tk);
+    memcpy(ids, tk->data, (size_t)(M * k) * sizeof(int32_t));
+    static const int64_t starts[2] = {0, 295};
+    for (int i = 0; i < 2; i++) {
+        const int64_t t0 = starts[i];
+        td_block_call c5 = {0, TD_BLOCK_MOE, m5, x + t0 * H, y5, NULL, NULL};
+        td_taps_reset(t);
+        if (td_engine_run_block(e, &c5, &err)) fail_msg("%s M=5: %s", v, err.msg);
+        tk = td_taps_find(t, "L0.moe.topk");
+        assert_non_null(tk);
+        assert_memory_equal(tk->data, ids + t0 * k, (size_t)(m5 * k) * sizeof(int32_t));
+        assert_memory_equal(y5, y + t0 * H, (size_t)(m5 * H) * sizeof(float));
+    }
+    print_message("  parts      tokens 0-4 and 295-299 of a 300-token call == the same 5 tokens alone (bits, ids)\n");
+    td_engine_free(e);
+    td_taps_free(t);
+    free(x);
+    free(y);
+    free(y5);
+    free(ids);
+    mf_free(&m);
+}
+
 /* Both routing kernels against ref: the block kernel beyond the production shape (more
  * experts than its 512 threads: three per thread, a count that is no power of two) and the
  * one-warp selection (E <= 512, k <= 32; 96 and 300 experts) against ref's top-k ids; a token
@@ -670,6 +729,7 @@ int main(void)
         cmocka_unit_test(cuda_raw_admission),
         cmocka_unit_test(cuda_sweep),
         cmocka_unit_test(cuda_decode_kernel),
+        cmocka_unit_test(cuda_prefill_parts),
         cmocka_unit_test(cuda_routing),
         cmocka_unit_test(cuda_grouping_wide),
     };
