@@ -42,7 +42,10 @@
  *   NC = the smallest power of two >= ceil(KS/10), at most 8; chunk = ceil(KS/NC)); each chunk
  *   is accumulated from +0 and the NC partial sums are added in chunk order. Whether the
  *   chunks of a tile run on NC warps (decode-sized calls) or one after the other on one warp
- *   (prefill-sized calls) does not change a bit. A token's result depends on its own input
+ *   (prefill-sized calls) does not change a bit, nor does staging a prefill-sized call's
+ *   input rows in two halves of K one after the other (k_mm with BF16 weights and FP16 inputs,
+ *   whose hi / lo rows of 16 tokens at K = 2560 would keep it to one block per SM: cu_mm
+ *   halves them above 104 KB). A token's result depends on its own input
  *   row and the weights only: never on which other tokens share the group, how many there are
  *   or where the token sits in the group (the tensor cores compute each output column from its
  *   own column of B). Hence moe_dispatch=direct and grouped give identical bits.
