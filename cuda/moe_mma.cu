@@ -1138,8 +1138,6 @@ __global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int
 /* k_mm's staged rows, at most, for two blocks per SM (227 KB less two blocks' static and
  * reserved shared memory, rounded down) */
 #define MM_SMEM_TWO (104 * 1024)
-/* The weight kind index of a call: 0 NVFP4 prepared, 1 NVFP4 raw, 2 BF16. */
-#define WK_OF(c) ((c)->W.kind == CU_W_NVFP4 ? ((c)->W.raw ? 1 : 0) : 2)
 /* The decode kernel's dynamic shared memory, at most: the SM's 227 KB less its static barriers
  * (24 staged rows of K = 2560 plus the rings of 16 warps take 221.5 KB). */
 #define DEC_SMEM_MAX (227 * 1024 - 1024)
@@ -1339,7 +1337,7 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     /* staged rows: the most slots a group can hold */
     a.xrows = (int)(c->pack < c->nslots ? c->pack : c->nslots);
     const int ntmax = a.xrows > 8 ? 2 : 1;
-    const int WK = WK_OF(c);
+    const int WK = c->W.kind == CU_W_NVFP4 ? (c->W.raw ? 1 : 0) : 2;
     const int64_t RT = c->W.R / 16;
     dim3 grid((unsigned)((RT + rpb - 1) / rpb), (unsigned)c->max_groups);
     if (dec_fits(&c->W, c->generic, a.xrows))
