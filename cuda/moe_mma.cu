@@ -275,6 +275,10 @@ struct mm_geo {
     int64_t xs_w;   /* 32-bit words per staged input row: K/2 rounded up to 32, plus 16 */
 };
 
+/* 32-bit words per staged input row holding `steps` steps (16 words each), rounded up to 32,
+ * plus 16 */
+static int64_t xs_words(int64_t steps) { return (steps * 16 + 31) / 32 * 32 + 16; }
+
 static mm_geo geo_of(int64_t K)
 {
     mm_geo g;
@@ -284,7 +288,7 @@ static mm_geo geo_of(int64_t K)
     while (g.NC < want && g.NC < MM_MAX_WARPS) g.NC *= 2;
     g.chunk = (g.KS + g.NC - 1) / g.NC;
     if (g.chunk < 1) g.chunk = 1;
-    g.xs_w = (K / 2 + 31) / 32 * 32 + 16;
+    g.xs_w = xs_words(K / 32);
     return g;
 }
 
@@ -1350,7 +1354,7 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     if (WK == 2 && c->act == 1 && ntmax == 2 && !a.split && a.geo.NC % 2 == 0 &&
         (size_t)a.xrows * (size_t)a.geo.xs_w * 4 * 2 > MM_SMEM_TWO) {
         a.kparts = 2;
-        a.geo.xs_w = ((int64_t)(a.geo.NC / 2) * a.geo.chunk * 16 + 31) / 32 * 32 + 16;
+        a.geo.xs_w = xs_words((int64_t)(a.geo.NC / 2) * a.geo.chunk);
     }
     if (WK == 0) return c->act == 1 ? launch_nt<0, 1>(a, ntmax, grid, s, err) : launch_nt<0, 2>(a, ntmax, grid, s, err);
     if (WK == 1) return c->act == 1 ? launch_nt<1, 1>(a, ntmax, grid, s, err) : launch_nt<1, 2>(a, ntmax, grid, s, err);
