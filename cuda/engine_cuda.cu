@@ -77,6 +77,7 @@ typedef struct cu_engine {
     /* host staging for taps (allocated on first use) */
     int32_t *h_ids;
     float *h_wts, *h_logits, *h_act, *h_eout, *h_sh;
+    uint16_t *h_16;             /* 16-bit intermediates on their way to h_act, h_eout, h_sh */
     cu_graph graphs[CU_GRAPHS];
     int n_graphs, next_graph;
 } cu_engine;
@@ -535,6 +536,7 @@ static void cu_free(td_engine *base)
     free(c->h_act);
     free(c->h_eout);
     free(c->h_sh);
+    free(c->h_16);
     td_st_set_close(c->set);
     td_quant_free(&c->quant);
     free(c);
@@ -563,6 +565,7 @@ static td_status alloc_ws(cu_engine *c, td_err *err)
         {(void **)&w->out, C * H * f},
         {(void **)&w->xa16, C * H * 2},       {(void **)&w->act16, C * k * il * 2},
         {(void **)&w->sh_act16, C * (isl ? isl : 1) * 2},
+        {(void **)&w->eout16, C * k * H * 2},  {(void **)&w->sh_out16, C * H * 2},
         {(void **)&w->n_groups, i4},          {(void **)&w->g_mat, G * i4},
         {(void **)&w->g_start, G * i4},       {(void **)&w->g_count, G * i4},
         {(void **)&w->perm, C * k * i4},
@@ -734,6 +737,30 @@ static td_status host_buf(void **p, size_t bytes, td_err *err)
     return TD_OK;
 }
 
+/* A tap's n values into *dst (host, cap floats, allocated on first use): from d32 (float) or,
+ * when d16 is not NULL, from the 16-bit patterns of act dtype `act` (the values the engine
+ * holds, converted exactly; this waits for the stream). */
+static td_status tap_fetch(cu_engine *c, float **dst, size_t cap, const float *d32, const uint16_t *d16, size_t n,
+                           td_err *err)
+{
+    cudaStream_t s = c->ws.s;
+    td_status st = host_buf((void **)dst, cap * sizeof(float), err);
+    if (st) return st;
+    if (!d16) {
+        TD_CU_TRY(err, cudaMemcpyAsync(*dst, d32, n * sizeof(float), cudaMemcpyDeviceToHost, s));
+        return TD_OK;
+    }
+    const size_t C = CU_TOKEN_CAP, H = (size_t)c->cfg.hidden_size, k = (size_t)c->cfg.num_experts_per_tok;
+    st = host_buf((void **)&c->h_16, C * k * H * sizeof(uint16_t), err);
+    if (st) return st;
+    if (n > C * k * H) return td_err_set(err, TD_ERR_INTERNAL, "engine cuda: tap of %zu values", n);
+    TD_CU_TRY(err, cudaMemcpyAsync(c->h_16, d16, n * sizeof(uint16_t), cudaMemcpyDeviceToHost, s));
+    TD_CU_TRY(err, cudaStreamSynchronize(s));
+    const bool f16 = c->shape.act == 1;
+    for (size_t i = 0; i < n; i++) (*dst)[i] = f16 ? td_f16_to_f32(c->h_16[i]) : td_bf16_to_f32(c->h_16[i]);
+    return TD_OK;
+}
+
 /* One chunk of at most CU_TOKEN_CAP tokens: copy in, run, copy out (and the taps' data when
  * the whole call is one chunk). */
 static td_status run_chunk(cu_engine *c, const cu_layer *ly, const td_block_call *call, int64_t t0, int64_t Mc,
@@ -778,24 +805,17 @@ static td_status run_chunk(cu_engine *c, const cu_layer *ly, const td_block_call
                                          cudaMemcpyDeviceToHost, s));
     }
     if (c->base.variant.tp_rank != TD_TP_RANK_ALL) {
-        if (wants(c, L, "moe.expert_act")) {
-            st = host_buf((void **)&c->h_act, C * k * il * sizeof(float), err);
-            if (st) return st;
-            TD_CU_TRY(err, cudaMemcpyAsync(c->h_act, c->ws.act, (size_t)Mc * k * il * sizeof(float),
-                                           cudaMemcpyDeviceToHost, s));
-        }
-        if (wants(c, L, "moe.expert_out")) {
-            st = host_buf((void **)&c->h_eout, C * k * (size_t)H * sizeof(float), err);
-            if (st) return st;
-            TD_CU_TRY(err, cudaMemcpyAsync(c->h_eout, c->ws.eout, (size_t)(Mc * k * H) * sizeof(float),
-                                           cudaMemcpyDeviceToHost, s));
-        }
-        if (ly->w.has_shared && wants(c, L, "moe.shared_out")) {
-            st = host_buf((void **)&c->h_sh, C * (size_t)H * sizeof(float), err);
-            if (st) return st;
-            TD_CU_TRY(err, cudaMemcpyAsync(c->h_sh, c->ws.sh_out, (size_t)(Mc * H) * sizeof(float),
-                                           cudaMemcpyDeviceToHost, s));
-        }
+        /* the tensor-core path keeps these only as 16-bit patterns (cu_block_ws) */
+        const bool mm = ly->w.mm, sh_mm = ly->w.sh_mm;
+        if (wants(c, L, "moe.expert_act"))
+            st = tap_fetch(c, &c->h_act, C * k * il, c->ws.act, mm ? c->ws.act16 : NULL, (size_t)Mc * k * il, err);
+        if (!st && wants(c, L, "moe.expert_out"))
+            st = tap_fetch(c, &c->h_eout, C * k * (size_t)H, c->ws.eout, mm ? c->ws.eout16 : NULL,
+                           (size_t)(Mc * k * H), err);
+        if (!st && ly->w.has_shared && wants(c, L, "moe.shared_out"))
+            st = tap_fetch(c, &c->h_sh, C * (size_t)H, c->ws.sh_out, sh_mm ? c->ws.sh_out16 : NULL, (size_t)(Mc * H),
+                           err);
+        if (st) return st;
     }
     return TD_OK;
 }

@@ -601,25 +601,94 @@ __global__ void k_w2(cu_lin down, int64_t c0, int64_t il, const int32_t *ids, co
     if (lane == 0) y[s * H + h] = round_act(acc[0], act);
 }
 
-__global__ void k_combine(const float *weights, const float *eout, int64_t k, const float *sgdot, int64_t sg_ld,
-                          const float *sh_out, int64_t M, int64_t H, int act, int mode, float *out)
+/* A 16-bit act value (FP16 bits for act 1, BF16 bits for act 2) as float: exact. */
+__device__ __forceinline__ float from16(uint32_t u, int act)
+{
+    return act == 1 ? __half2float(__ushort_as_half((unsigned short)u)) : __uint_as_float(u << 16);
+}
+
+/* The four values of an 8-byte load of 16-bit patterns, in address order. */
+__device__ __forceinline__ void from16x4(uint2 v, int act, float f[4])
+{
+    f[0] = from16(v.x & 0xffffu, act);
+    f[1] = from16(v.x >> 16, act);
+    f[2] = from16(v.y & 0xffffu, act);
+    f[3] = from16(v.y >> 16, act);
+}
+
+/* CPT floats at index i (a multiple of CPT) of an array held as 16-bit act patterns (U16) or
+ * as float. */
+template <int CPT, bool U16>
+__device__ __forceinline__ void load_n(const void *p, int64_t i, int act, float y[CPT])
+{
+    if (U16) {
+        const uint16_t *u = (const uint16_t *)p + i;
+        if (CPT == 4) {
+            from16x4(__ldg((const uint2 *)u), act, y);
+        } else {
+#pragma unroll
+            for (int c = 0; c < CPT; c++) y[c] = from16(__ldg((const unsigned short *)u + c), act);
+        }
+    } else {
+        const float *f = (const float *)p + i;
+        if (CPT == 4) {
+            const float4 v = __ldg((const float4 *)f);
+            y[0] = v.x;
+            y[1] = v.y;
+            y[2] = v.z;
+            y[3] = v.w;
+        } else {
+#pragma unroll
+            for (int c = 0; c < CPT; c++) y[c] = __ldg(f + c);
+        }
+    }
+}
+
+/* From this many tokens on, the combine takes four columns per thread (blocks of 128 threads),
+ * below one column (blocks of 256): at decode sizes the latency of one thread's loads counts,
+ * at prefill sizes the number of requests. */
+#define COMBINE_WIDE_M 64
+
+/* The combine (moe.cuh) with CPT adjacent columns per thread (H % CPT == 0), the expert outputs
+ * as 16-bit patterns (E16) or float, the shared expert's likewise (S16). The source types are
+ * template parameters, so that the loop holds no branch and its loads issue together. */
+template <int CPT, bool E16, bool S16>
+__global__ void k_combine(const float *weights, const void *eout, int64_t k, const float *sgdot, int64_t sg_ld,
+                          const void *sh_out, int64_t M, int64_t H, int act, int mode, float *out)
 {
     cu_pdl_wait();
     cu_pdl_release();
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= M * H) return;
-    const int64_t t = i / H, h = i % H;
-    float acc = 0.0f;
+    const int64_t HC = H / CPT, q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= M * HC) return;
+    const int64_t t = q / HC, h = (q % HC) * CPT;
+    float acc[CPT];
+#pragma unroll
+    for (int i = 0; i < CPT; i++) acc[i] = 0.0f;
 #pragma unroll 8
-    for (int64_t j = 0; j < k; j++)
-        acc = __fadd_rn(acc, __fmul_rn(__ldg(weights + t * k + j), __ldg(eout + (t * k + j) * H + h)));
+    for (int64_t j = 0; j < k; j++) {
+        const float w = __ldg(weights + t * k + j);
+        float y[CPT];
+        load_n<CPT, E16>(eout, (t * k + j) * H + h, act, y);
+#pragma unroll
+        for (int i = 0; i < CPT; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, y[i]));
+    }
     if (sgdot) {
         const float sg = (float)(1.0 / (1.0 + exp(-(double)sgdot[t * sg_ld])));
-        acc = __fadd_rn(acc, __fmul_rn(sg, sh_out[t * H + h]));
+        float y[CPT];
+        load_n<CPT, S16>(sh_out, t * H + h, act, y);
+#pragma unroll
+        for (int i = 0; i < CPT; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(sg, y[i]));
     }
-    const float v = round_act(acc, act);
-    out[i] = mode == 0 ? v : __fadd_rn(out[i], v);
+#pragma unroll
+    for (int i = 0; i < CPT; i++) {
+        const float v = round_act(acc[i], act);
+        float *o = out + t * H + h + i;
+        *o = mode == 0 ? v : __fadd_rn(*o, v);
+    }
 }
+
+typedef void (*combine_fn)(const float *, const void *, int64_t, const float *, int64_t, const void *, int64_t,
+                           int64_t, int, int, float *);
 
 /* ==== launchers ============================================================================== */
 
@@ -699,13 +768,28 @@ td_status cu_moe_w2(cu_lin down, int64_t c0, int64_t il, const int32_t *ids, int
     return TD_OK;
 }
 
-td_status cu_moe_combine(const float *weights, const float *eout, int64_t k, const float *sgdot, int64_t sg_ld,
-                         const float *sh_out, int64_t M, int64_t H, int act, int mode, float *out, bool pdl,
-                         cudaStream_t s, td_err *err)
+td_status cu_moe_combine(const float *weights, const float *eout, const uint16_t *eout16, int64_t k,
+                         const float *sgdot, int64_t sg_ld, const float *sh_out, const uint16_t *sh_out16, int64_t M,
+                         int64_t H, int act, int mode, float *out, bool pdl, cudaStream_t s, td_err *err)
 {
     if (M <= 0) return TD_OK;
-    TD_CU_TRY(err, cu_launch(k_combine, dim3(blocks_for(M * H, 256)), dim3(256), 0, s, pdl, weights, eout, k, sgdot,
-                             sg_ld, sh_out, M, H, act, mode, out));
+    const bool b16 = eout16 || (sgdot && sh_out16);
+    if (b16 && act != 1 && act != 2)
+        return td_err_set(err, TD_ERR_ARG, "cuda moe: combine of 16-bit outputs needs act fp16/bf16 (act %d)", act);
+    /* four columns per thread pay at prefill sizes only (measured: docs/perf.md) */
+    const int cpt = M >= COMBINE_WIDE_M && H % 4 == 0 ? 4 : 1;
+    const void *e = eout16 ? (const void *)eout16 : (const void *)eout;
+    const void *so = sh_out16 ? (const void *)sh_out16 : (const void *)sh_out;
+    const int kind = (eout16 ? 2 : 0) + (sh_out16 ? 1 : 0);
+    static const combine_fn k4[4] = {k_combine<4, false, false>, k_combine<4, false, true>, k_combine<4, true, false>,
+                                     k_combine<4, true, true>};
+    static const combine_fn k1[4] = {k_combine<1, false, false>, k_combine<1, false, true>, k_combine<1, true, false>,
+                                     k_combine<1, true, true>};
+    const combine_fn kern = cpt == 4 ? k4[kind] : k1[kind];
+    const int64_t n = M * (H / cpt);
+    const unsigned threads = cpt == 4 ? 128 : 256;
+    TD_CU_TRY(err, cu_launch(kern, dim3(blocks_for(n, threads)), dim3(threads), 0, s, pdl, weights, e, k, sgdot, sg_ld,
+                             so, M, H, act, mode, out));
     TD_CU_LAUNCHED(err, "k_combine");
     return TD_OK;
 }

@@ -27,9 +27,12 @@
  *   NaN by k rounds of arg-best. Both kernels give the same bits. Renormalization adds the k
  *   weights in slot order and divides. At most 4096 experts.
  * - SwiGLU: h = fl32(silu(g) * u), silu in double rounded once, then rounded to act_dtype.
- * - Combine (cu_moe_combine): one thread per (token, column): sum over slots j = 0..k-1 in
- *   order of fl32(w_j * y_j), then + fl32(sg * y_s), from +0, rounded to act_dtype; with
- *   several TP ranks on one device the rank outputs are added in rank order.
+ * - Combine (cu_moe_combine): per (token, column): sum over slots j = 0..k-1 in order of
+ *   fl32(w_j * y_j), then + fl32(sg * y_s), from +0, rounded to act_dtype; with several TP
+ *   ranks on one device the rank outputs are added in rank order. The expert outputs y_j (and
+ *   the shared expert's y_s) are read as float32 or, from the tensor-core path, as the FP16 /
+ *   BF16 bit patterns of the same act-rounded values (exact: the same sums, the same bits);
+ *   when H % 4 == 0 a thread takes 4 adjacent columns.
  * Activations are held as float32 values already rounded to act_dtype.
  *
  * Contract
@@ -73,9 +76,11 @@ td_status cu_moe_w2(cu_lin down, int64_t c0, int64_t il, const int32_t *ids, int
 
 /* out[t*H + h] (mode 0: =, mode 1: += in rank order) of the combine above; sgdot[t * sg_ld]
  * holds the shared-gate dot product of token t (NULL when there is no shared expert, then
- * sh_out is unused). */
-td_status cu_moe_combine(const float *weights, const float *eout, int64_t k, const float *sgdot, int64_t sg_ld,
-                         const float *sh_out, int64_t M, int64_t H, int act, int mode, float *out, bool pdl,
-                         cudaStream_t s, td_err *err);
+ * the shared outputs are unused). Expert outputs [M*k, H]: eout16 (16-bit patterns of act 1
+ * or 2) when not NULL, else eout; shared outputs [M, H]: sh_out16 when not NULL, else sh_out.
+ * 16-bit outputs need H % 4 == 0 (TD_ERR_ARG otherwise). */
+td_status cu_moe_combine(const float *weights, const float *eout, const uint16_t *eout16, int64_t k,
+                         const float *sgdot, int64_t sg_ld, const float *sh_out, const uint16_t *sh_out16, int64_t M,
+                         int64_t H, int act, int mode, float *out, bool pdl, cudaStream_t s, td_err *err);
 
 #endif /* TD_CUDA_MOE_CUH */

@@ -32,11 +32,11 @@ static void mm_range_groups(cu_mm_call *m, int64_t M)
     m->max_groups = (M + m->pack - 1) / m->pack;
 }
 
-/* W13 + SwiGLU then W2 of one rank on the tensor-core path. ids == NULL with pack > 1: range
- * groups over the tokens (shared expert). */
+/* W13 + SwiGLU then W2 of one rank on the tensor-core path, both written as 16-bit patterns
+ * only (act16, y16). ids == NULL with pack > 1: range groups over the tokens (shared expert). */
 static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, const cu_qmat *w13, const cu_qmat *w2,
-                           int ri, int64_t mats, bool routed_slots, bool grouped, int64_t Mc, int64_t il, float *act,
-                           uint16_t *act16, float *y, bool pdl, cudaStream_t s, td_err *err)
+                           int ri, int64_t mats, bool routed_slots, bool grouped, int64_t Mc, int64_t il,
+                           uint16_t *act16, uint16_t *y16, bool pdl, cudaStream_t s, td_err *err)
 {
     const int64_t H = sh->H, k = sh->k;
     cu_mm_call m;
@@ -54,7 +54,7 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
     m.in16 = ws->xa16;
     m.in_ld = H;
     m.in_cols = H;
-    m.out = act;
+    m.out = NULL;
     m.out16 = act16;
     m.out_ld = il;
     m.out_n = il;
@@ -69,8 +69,8 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
     m.in_ld = il;
     m.in_div = 1;
     m.in_cols = il;
-    m.out = y;
-    m.out16 = NULL;
+    m.out = NULL;
+    m.out16 = y16;
     m.out_ld = H;
     m.out_n = H;
     m.epi = CU_MM_STORE;
@@ -103,8 +103,8 @@ static td_status shared_fork(const cu_block_shape *sh, const cu_block_w *ly, con
     TD_CU_TRY(err, cudaStreamWaitEvent(s2, c->ev_fork, 0));
     td_status st;
     if (ly->sh_mm) {
-        st = mm_expert(sh, c, &ly->sh13, &ly->sh2, ri, 1, false, false, Mc, isl, c->sh_act, c->sh_act16, c->sh_out,
-                       false, s2, err);
+        st = mm_expert(sh, c, &ly->sh13, &ly->sh2, ri, 1, false, false, Mc, isl, c->sh_act16, c->sh_out16, false, s2,
+                       err);
     } else {
         st = cu_moe_w13(ly->sh_gate, ly->sh_up, r * isl, isl, NULL, 1, Mc, c->xa, H, act, c->sh_act, s2, err);
         if (!st) st = cu_moe_w2(ly->sh_down, r * isl, isl, NULL, Mc, c->sh_act, H, act, c->sh_out, s2, err);
@@ -139,8 +139,8 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
         if (!ly->mm)
             return td_err_set(err, TD_ERR_UNSUPPORTED, "cuda moe: the routed part alone runs on the tensor-core path only");
         if (sh->grouped) st = group_slots(sh, ly, c, Mc, false, err);
-        if (!st) st = mm_expert(sh, c, &ly->w13, &ly->w2, 0, sh->nr, true, sh->grouped, Mc, il, c->act, c->act16,
-                                c->eout, sh->grouped, s, err);
+        if (!st) st = mm_expert(sh, c, &ly->w13, &ly->w2, 0, sh->nr, true, sh->grouped, Mc, il, c->act16, c->eout16,
+                                sh->grouped, s, err);
         return st;
     }
     st = mm_act ? cu_moe_round16(c->x, c->xa, c->xa16, Mc * H, act, s, err)
@@ -196,8 +196,8 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
             if (st) break;
         }
         if (ly->mm) {
-            st = mm_expert(sh, c, &ly->w13, &ly->w2, ri, sh->nr, true, grouped, Mc, il, c->act, c->act16, c->eout, true,
-                           s, err);
+            st = mm_expert(sh, c, &ly->w13, &ly->w2, ri, sh->nr, true, grouped, Mc, il, c->act16, c->eout16, true, s,
+                           err);
         } else {
             st = cu_moe_w13(ly->gate, ly->up, r * il, il, c->ids, k, Mc * k, c->xa, H, act, c->act, s, err);
             if (!st) st = cu_moe_w2(ly->down, r * il, il, c->ids, Mc * k, c->act, H, act, c->eout, s, err);
@@ -207,8 +207,9 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
             pending = false;
         }
         if (!st)
-            st = cu_moe_combine(c->wts, c->eout, k, ly->has_shared ? c->logits + E : NULL, lg, c->sh_out, Mc, H, act,
-                                r == r0 ? 0 : 1, c->out, true, s, err);
+            st = cu_moe_combine(c->wts, c->eout, ly->mm ? c->eout16 : NULL, k, ly->has_shared ? c->logits + E : NULL, lg,
+                                c->sh_out, ly->sh_mm ? c->sh_out16 : NULL, Mc, H, act, r == r0 ? 0 : 1,
+                                c->out, true, s, err);
     }
     if (pending) st = shared_join(c, st, err);
     if (!st && all) st = cu_moe_round(c->out, c->out, Mc * H, act, s, err);

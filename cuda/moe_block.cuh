@@ -14,7 +14,7 @@
  * Every kernel launched on ws->s after the first is a programmatic dependent launch
  * (common.cuh): it may start while its predecessor runs and waits for it before any access.
  * CU_BLOCK_ROUTER stops after the logits; CU_BLOCK_ROUTED runs only grouping and the routed
- * experts of the first rank (the bench's routed-part timing).
+ * experts of the first rank (the bench's routed-part timing; output in eout16).
  *
  * Contract: plain data in, launches out; nothing is allocated, nothing synchronizes, nothing
  * reads host memory (the whole sequence can be captured into a graph). Errors name the
@@ -50,7 +50,10 @@ typedef struct cu_block_shape {
     bool generic;               /* every projection on the general kernel (kernels=generic) */
 } cu_block_shape;
 
-/* Workspace for up to C tokens (sizes in brackets). */
+/* Workspace for up to C tokens (sizes in brackets). The intermediates of an expert on the
+ * tensor-core path (w->mm: the routed experts; w->sh_mm: the shared expert) are written only
+ * as 16-bit patterns (act16, eout16; sh_act16, sh_out16), those of the CUDA-core path only as
+ * float (act, eout; sh_act, sh_out): both hold the same act-rounded values. */
 typedef struct cu_block_ws {
     float *x, *xa;              /* [C, H] */
     float *logits;              /* [C, lg_ld], lg_ld >= E + 1 */
@@ -63,7 +66,9 @@ typedef struct cu_block_ws {
     float *sh_out, *out;        /* [C, H] */
     uint16_t *xa16;             /* [C, H] */
     uint16_t *act16;            /* [C*k, I/tp] */
+    uint16_t *eout16;           /* [C*k, H] */
     uint16_t *sh_act16;         /* [C, Is/tp] */
+    uint16_t *sh_out16;         /* [C, H] */
     int32_t *n_groups;          /* [1] */
     int32_t *g_mat, *g_start, *g_count; /* [cu_mm_group_bound(C*k, E)] */
     int32_t *perm;              /* [C*k] */

@@ -277,7 +277,7 @@ struct mm_geo {
 
 /* 32-bit words per staged input row holding `steps` steps (16 words each), rounded up to 32,
  * plus 16 */
-static int64_t xs_words(int64_t steps) { return (steps * 16 + 31) / 32 * 32 + 16; }
+static __host__ __device__ int64_t xs_words(int64_t steps) { return (steps * 16 + 31) / 32 * 32 + 16; }
 
 static mm_geo geo_of(int64_t K)
 {
@@ -535,12 +535,40 @@ __device__ __forceinline__ void store16(uint16_t *p, float v, int act)
     *p = act == 1 ? __half_as_ushort(__float2half_rn(v)) : __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 
+__device__ __forceinline__ uint32_t bits16(float v, int act)
+{
+    return act == 1 ? __half_as_ushort(__float2half_rn(v)) : __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
 /* Epilogue of one row tile: v[nt][e] final sums (e: 0,1 row g tokens 2q, 2q+1; 2,3 row g+8). */
 template <int NA>
 __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int count, const int32_t *plist,
                                             int64_t slot0, int lane, int ntn, const float v[NA][4])
 {
     const int g = lane >> 2, q = lane & 3;
+    if (c.epi == CU_MM_STORE && !c.out) {
+        /* 16-bit only: lane g of a token writes rows 2g and 2g + 1 as one 4-byte word, so the
+         * 8 lanes of a token write its 16 rows (32 bytes) in one store instead of two halves.
+         * Row R is held by lane (R % 8, q) in half R / 8. */
+        const int hs = g < 4 ? 0 : 1, ga = 2 * g - 8 * hs;
+        const int la = ga * 4 + q, lb = la + 4;
+        const int64_t r = rt * 16 + 2 * g;
+        for (int nt = 0; nt < ntn; nt++)
+            for (int t = 0; t < 2; t++) {
+                const uint32_t p0 = bits16(round_act16(v[nt][t], c.act), c.act),
+                               p1 = bits16(round_act16(v[nt][2 + t], c.act), c.act);
+                const uint32_t a0 = __shfl_sync(0xffffffffu, p0, la), a1 = __shfl_sync(0xffffffffu, p1, la);
+                const uint32_t b0 = __shfl_sync(0xffffffffu, p0, lb), b1 = __shfl_sync(0xffffffffu, p1, lb);
+                const int j = nt * 8 + 2 * q + t;
+                if (j >= count || r >= c.out_n) continue;
+                const int64_t slot = plist ? plist[j] : slot0 + j;
+                uint16_t *o = c.out16 + slot * c.out_ld + r;
+                const uint32_t lo = hs ? a1 : a0, hi = hs ? b1 : b0;
+                if (r + 1 < c.out_n) *(uint32_t *)o = lo | hi << 16;
+                else *o = (uint16_t)lo;
+            }
+        return;
+    }
     for (int nt = 0; nt < ntn; nt++)
         for (int t = 0; t < 2; t++) {
             const int j = nt * 8 + 2 * q + t;
@@ -667,6 +695,154 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 :
         for (int nt = 0; nt < 2; nt++)
             for (int e = 0; e < 4; e++) v[nt][e] = __fmul_rn(v[nt][e], 16384.0f);
     mm_epilogue<2>(c, rt, count, plist, slot0, lane, ntn, v);
+}
+
+/* ==== the prefill GEMM of BF16 matrices =========================================================
+ *
+ * k_gemm: BF16 weights with range groups (the router and the shared expert) at prefill sizes.
+ * k_mm gives such a call one warp per (row tile, 16 tokens), each warp streaming its row tile's
+ * weights for two 8-token tiles; here a block of GM_WARPS warps takes GM_WARPS row tiles (one per
+ * warp) and GM_NT * 8 tokens, whose input rows are staged one K chunk at a time into a double
+ * buffer (the next chunk's loads are issued before the current chunk is computed, stored after
+ * it), so that each weight fragment serves GM_NT tiles and the inputs are read once per block.
+ * Per output element the same mma sequence as k_mm (each chunk from +0, steps and blocks
+ * ascending, hi then lo; the chunk sums added in chunk order), so the same bits. */
+#define GM_WARPS 8
+#define GM_NT 4
+/* chunk steps it takes (geo.chunk <= GM_CHUNK), staging loads per thread that covers */
+#define GM_CHUNK 10
+#define GM_U ((GM_NT * 8 * GM_CHUNK * 4 + GM_WARPS * 32 - 1) / (GM_WARPS * 32))
+#define GM_PF 2
+
+/* 32-bit words of one copy (hi, or lo) of a staged chunk for GM_NT * 8 rows */
+static int64_t gm_copy_words(const mm_geo &g) { return (int64_t)GM_NT * 8 * xs_words(g.chunk); }
+
+/* The chunk [k0, k1) of the block's rows (t0 + j, j < count; zero beyond count or in_cols) as
+ * GM_U 16-byte loads per thread into q4. */
+__device__ __forceinline__ void gm_fetch(const mm_args &a, int64_t t0, int count, int k0, int k1, uint4 q4[GM_U])
+{
+    const int nv = 4 * (k1 - k0), total = GM_NT * 8 * nv, valid = (int)(a.c.in_cols / 8);
+#pragma unroll
+    for (int u = 0; u < GM_U; u++) {
+        const int idx = (int)threadIdx.x + u * GM_WARPS * 32;
+        q4[u] = make_uint4(0, 0, 0, 0);
+        if (idx < total) {
+            const int j = idx / nv, v = 4 * k0 + idx % nv;
+            if (j < count && v < valid)
+                q4[u] = __ldg(reinterpret_cast<const uint4 *>(a.c.in16 + (t0 + j) * a.c.in_ld) + v);
+        }
+    }
+}
+
+/* Store what gm_fetch loaded into buffer xb in stage_x's word order (hi at xb, lo at xb + copy
+ * for SPLIT). */
+template <bool SPLIT>
+__device__ __forceinline__ void gm_store(const mm_args &a, int k0, int k1, const uint4 q4[GM_U], uint32_t *xb,
+                                         int copy)
+{
+    const int nv = 4 * (k1 - k0), total = GM_NT * 8 * nv, xs_w = (int)xs_words(a.geo.chunk);
+#pragma unroll
+    for (int u = 0; u < GM_U; u++) {
+        const int idx = (int)threadIdx.x + u * GM_WARPS * 32;
+        if (idx >= total) continue;
+        const int j = idx / nv, vl = idx % nv, m = vl & 3;
+        uint32_t *d = xb + j * xs_w + (vl >> 2) * 16 + (m >> 1) * 2 + (m & 1);
+        const uint32_t w4[4] = {q4[u].x, q4[u].y, q4[u].z, q4[u].w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (!SPLIT) {
+                d[i * 4] = w4[i];
+            } else {
+                __half2 h;
+                memcpy(&h, &w4[i], 4);
+                const float2 f = __half22float2(h);
+                const __nv_bfloat162 hi = __floats2bfloat162_rn(f.x, f.y);
+                const float2 hf = __bfloat1622float2(hi);
+                const __nv_bfloat162 lo = __floats2bfloat162_rn(__fsub_rn(f.x, hf.x), __fsub_rn(f.y, hf.y));
+                uint32_t uh, ul;
+                memcpy(&uh, &hi, 4);
+                memcpy(&ul, &lo, 4);
+                d[i * 4] = uh;
+                d[copy + i * 4] = ul;
+            }
+        }
+    }
+}
+
+template <int ACT>
+__global__ void __launch_bounds__(GM_WARPS * 32, 2) k_gemm(mm_args a)
+{
+    extern __shared__ uint4 gm_raw[];
+    uint32_t *xs = reinterpret_cast<uint32_t *>(gm_raw);
+    constexpr bool SPLIT = ACT == 1;
+    const cu_mm_call &c = a.c;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int NC = a.geo.NC, chunk = a.geo.chunk, KS = a.geo.KS, xs_w = (int)xs_words(chunk);
+    const int copy = GM_NT * 8 * xs_w, bufw = copy * (SPLIT ? 2 : 1);
+    const int64_t t0 = (int64_t)blockIdx.y * GM_NT * 8;
+    const int count = (int)(c.nslots - t0 < GM_NT * 8 ? c.nslots - t0 : GM_NT * 8);
+    const int ntn = (count + 7) / 8;
+    const int64_t rt = (int64_t)blockIdx.x * GM_WARPS + warp, mat = c.mat_off;
+    const bool live = rt < c.W.R / 16;
+    cu_pdl_wait();
+    cu_pdl_release();
+    uint4 q4[GM_U];
+    gm_fetch(a, t0, count, 0, chunk < KS ? chunk : KS, q4);
+    gm_store<SPLIT>(a, 0, chunk < KS ? chunk : KS, q4, xs, copy);
+    __syncthreads();
+    float v[GM_NT][4];
+    for (int ch = 0; ch < NC; ch++) {
+        const int k0 = ch * chunk, k1 = k0 + chunk < KS ? k0 + chunk : KS;
+        const int n0 = k1, n1 = n0 + chunk < KS ? n0 + chunk : KS; /* the next chunk */
+        const bool next = ch + 1 < NC && n1 > n0;
+        if (next) gm_fetch(a, t0, count, n0, n1, q4);
+        const uint32_t *xb = xs + (ch & 1) * bufw;
+        float p[GM_NT][4];
+#pragma unroll
+        for (int nt = 0; nt < GM_NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) p[nt][e] = 0.0f;
+        for (int base = k0; live && base < k1; base += GM_PF) {
+            const int n = k1 - base < GM_PF ? k1 - base : GM_PF;
+            mm_regs<GM_PF> r;
+            mm_load<2, GM_PF>(c.W, KS, mat, rt, base, n, lane, r);
+#pragma unroll
+            for (int i = 0; i < GM_PF; i++) {
+                if (i >= n) break;
+                const int sl = base - k0 + i;
+                uint4 Bs[GM_NT], Ls[GM_NT];
+#pragma unroll
+                for (int nt = 0; nt < GM_NT; nt++) {
+                    Bs[nt] = Ls[nt] = make_uint4(0, 0, 0, 0);
+                    if (nt < ntn) {
+                        const uint32_t *row = xb + (nt * 8 + g) * xs_w + sl * 16 + q * 4;
+                        Bs[nt] = *reinterpret_cast<const uint4 *>(row);
+                        if (SPLIT) Ls[nt] = *reinterpret_cast<const uint4 *>(row + copy);
+                    }
+                }
+#pragma unroll
+                for (int b = 0; b < 2; b++) {
+                    const uint32_t A[4] = {r.wd[i][b].x, r.wd[i][b].y, r.wd[i][b].z, r.wd[i][b].w};
+#pragma unroll
+                    for (int nt = 0; nt < GM_NT; nt++) {
+                        if (nt >= ntn) continue;
+                        mma16816<2>(A, b ? Bs[nt].z : Bs[nt].x, b ? Bs[nt].w : Bs[nt].y, p[nt][0], p[nt][1], p[nt][2],
+                                    p[nt][3]);
+                        if (SPLIT)
+                            mma16816<2>(A, b ? Ls[nt].z : Ls[nt].x, b ? Ls[nt].w : Ls[nt].y, p[nt][0], p[nt][1],
+                                        p[nt][2], p[nt][3]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < GM_NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[nt][e] = ch == 0 ? p[nt][e] : __fadd_rn(v[nt][e], p[nt][e]);
+        if (next) gm_store<SPLIT>(a, n0, n1, q4, xs + ((ch + 1) & 1) * bufw, copy);
+        __syncthreads();
+    }
+    if (live) mm_epilogue<GM_NT>(c, rt, count, nullptr, t0, lane, ntn, v);
 }
 
 /* ==== the decode kernel =========================================================================
@@ -1200,6 +1376,8 @@ td_status cu_mm_init(td_err *err)
     TD_CU_TRY(err, (set_dec_smem<1, 1, 5>()));
     TD_CU_TRY(err, (set_dec_smem<1, 2, 5>()));
     TD_CU_TRY(err, cudaFuncSetAttribute(k_group, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+    TD_CU_TRY(err, cudaFuncSetAttribute(k_gemm<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 / 2 - 1024));
+    TD_CU_TRY(err, cudaFuncSetAttribute(k_gemm<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 / 2 - 1024));
     return TD_OK;
 }
 
@@ -1318,6 +1496,33 @@ static td_status launch_dec_pick(const mm_args &a, int WK, int act, bool c10, cu
     return act == 1 ? launch_dec_ch<1, 1>(a, c10, s, err) : launch_dec_ch<1, 2>(a, c10, s, err);
 }
 
+/* Whether k_gemm's grid holds at least one block per SM: each of its warps walks the whole K
+ * of its row tile, so with fewer blocks than SMs their weight loads do not hide one another and
+ * k_mm is faster (the router at 784 tokens: 125 blocks; docs/perf.md). */
+static td_status gemm_fills(const mm_args &a, bool *use, td_err *err)
+{
+    int dev = 0, sms = 0;
+    TD_CU_TRY(err, cudaGetDevice(&dev));
+    TD_CU_TRY(err, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int64_t RT = a.c.W.R / 16, TB = (a.c.nslots + GM_NT * 8 - 1) / (GM_NT * 8);
+    *use = (RT + GM_WARPS - 1) / GM_WARPS * TB >= (int64_t)sms;
+    return TD_OK;
+}
+
+/* k_gemm over the call's slots (range groups on one matrix): GM_WARPS row tiles by GM_NT * 8
+ * tokens per block, two buffers of staged chunks. */
+static td_status launch_gemm(const mm_args &a, cudaStream_t s, td_err *err)
+{
+    const int64_t RT = a.c.W.R / 16, TB = (a.c.nslots + GM_NT * 8 - 1) / (GM_NT * 8);
+    if (TB > 65535) return td_err_set(err, TD_ERR_RANGE, "cuda moe: %lld tokens in one launch", (long long)a.c.nslots);
+    const size_t smem = (size_t)gm_copy_words(a.geo) * (a.c.act == 1 ? 2 : 1) * 2 * 4;
+    const dim3 grid((unsigned)((RT + GM_WARPS - 1) / GM_WARPS), (unsigned)TB);
+    if (a.c.act == 1) TD_CU_TRY(err, cu_launch(k_gemm<1>, grid, dim3(GM_WARPS * 32), smem, s, a.c.pdl != 0, a));
+    else TD_CU_TRY(err, cu_launch(k_gemm<2>, grid, dim3(GM_WARPS * 32), smem, s, a.c.pdl != 0, a));
+    TD_CU_LAUNCHED(err, "k_gemm");
+    return TD_OK;
+}
+
 td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
 {
     if (c->max_groups <= 0) return TD_OK;
@@ -1328,6 +1533,9 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     if (c->in_cols > c->W.K || (c->in_cols & 15) || (c->in_ld & 7) || ((uintptr_t)c->in16 & 15))
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: input of %lld columns (ld %lld) for K = %lld",
                           (long long)c->in_cols, (long long)c->in_ld, (long long)c->W.K);
+    if (c->out16 && ((c->out_ld & 1) || ((uintptr_t)c->out16 & 3)))
+        return td_err_set(err, TD_ERR_RANGE, "cuda moe: 16-bit output with an odd row stride (%lld) or unaligned",
+                          (long long)c->out_ld);
     if (c->pack < 1 || c->pack > CU_MM_PACK_DEC)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: pack %lld outside 1..%d", (long long)c->pack, CU_MM_PACK_DEC);
     mm_args a;
@@ -1346,6 +1554,12 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     dim3 grid((unsigned)((RT + rpb - 1) / rpb), (unsigned)c->max_groups);
     if (dec_fits(&c->W, c->generic, a.xrows))
         return launch_dec_pick(a, WK, c->act, a.geo.chunk == 10, s, err);
+    if (WK == 2 && !a.split && !c->perm && !c->ids && !c->generic && a.geo.chunk <= GM_CHUNK) {
+        bool use = false;
+        const td_status st = gemm_fills(a, &use, err);
+        if (st) return st;
+        if (use) return launch_gemm(a, s, err);
+    }
     if (a.xrows > 2 * 8)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: groups of %d slots need the decode kernel", a.xrows);
     /* prefill-sized calls whose staged rows would keep k_mm to one block per SM (BF16 weights

@@ -61,8 +61,11 @@
  * DEC_STAGES buffers per warp, while it computes the chunk before; blocks are persistent (8
  * warps for one 8-token tile, 16 for two or three) and take contiguous ranges of (group, one
  * row tile per warp) items. With `pdl` a launch may start while the previous kernel runs (W2
- * loads its weights while W13 computes). `generic` keeps every call on k_mm, so the two can be
- * compared.
+ * loads its weights while W13 computes). Prefill-sized calls of BF16 matrices with range
+ * groups (the shared expert; the router too where its grid has a block for every SM) run on
+ * k_gemm: blocks of 8 row tiles by 32 tokens, the tokens' input rows staged one K chunk at a
+ * time, the same sums in the same order. `generic` keeps every call on k_mm, so the kernels
+ * can be compared.
  *
  * Groups: a group is one expert (matrix) and up to `pack` slots. Direct dispatch: group g is
  * slot g alone. Grouped dispatch: cu_mm_group() sorts slots by expert (ascending expert,
@@ -141,7 +144,9 @@ typedef enum cu_mm_epi { CU_MM_SWIGLU = 0, CU_MM_STORE, CU_MM_F32 } cu_mm_epi;
  *   patterns; in_cols valid columns (multiple of 16, <= K).
  * - output: SWIGLU: out[s * out_ld + c] for c < out_n (= rows / 2, intermediate columns),
  *   rounded to act; STORE: out[s * out_ld + r] for r < out_n (= rows), rounded to act; F32:
- *   the same without rounding. `out` (float) and `out16` (16-bit, same index) may each be NULL.
+ *   the same without rounding. `out` (float) and `out16` (16-bit, same index) may each be NULL;
+ *   out16 needs an even out_ld and 4-byte alignment (STORE with out16 only writes a token's
+ *   16 rows of a tile as 4-byte words).
  * act: 1 fp16, 2 bf16. max_groups: the grid's group dimension (>= the number of groups). */
 typedef struct cu_mm_call {
     cu_qmat W;

@@ -423,6 +423,8 @@ int main(int argc, char **argv)
     BENCH_CK(cudaMalloc(&ws.xa16, (size_t)(C * H) * 2));
     BENCH_CK(cudaMalloc(&ws.act16, (size_t)(S * il) * 2));
     BENCH_CK(cudaMalloc(&ws.sh_act16, (size_t)(C * isl) * 2));
+    BENCH_CK(cudaMalloc(&ws.eout16, (size_t)(S * H) * 2));
+    BENCH_CK(cudaMalloc(&ws.sh_out16, (size_t)(C * H) * 2));
     BENCH_CK(cudaMalloc(&ws.n_groups, 4));
     BENCH_CK(cudaMalloc(&ws.g_mat, (size_t)G * 4));
     BENCH_CK(cudaMalloc(&ws.g_start, (size_t)G * 4));
@@ -568,8 +570,8 @@ int main(int argc, char **argv)
                                    parr_y[(size_t)si], CUDA_R_32F, (int)H, n, CUBLAS_COMPUTE_32F,
                                    CUBLAS_GEMM_DEFAULT));
                 BENCH_CK(cudaStreamWaitEvent(s, ws.ev_join, 0));
-                TRYE(cu_moe_combine(ws.wts, ws.eout, k, ws.logits + E, ws.lg_ld, ws.sh_out, M, H, o.act, 0, ws.out, false,
-                                    s, &err),
+                TRYE(cu_moe_combine(ws.wts, ws.eout, NULL, k, ws.logits + E, ws.lg_ld, ws.sh_out, NULL, M, H, o.act, 0,
+                                    ws.out, false, s, &err),
                      err);
             }
         };

@@ -30,9 +30,12 @@
  * - the decode kernel (k_dec) against the general kernel (kernels=generic), bit for bit, for
  *   fp16/bf16, prepared/raw, direct/grouped, graphs, TP slices, on a shape where every routed
  *   projection takes it, and against ref;
- * - prefill-sized calls (one warp per row tile; at hidden 2048 the BF16 router and shared
- *   expert stage K in two halves) against decode-sized calls of the same tokens, bit for bit,
- *   and against ref;
+ * - prefill-sized calls (the BF16 router and shared expert on k_gemm, the NVFP4 projections
+ *   with one warp per row tile) against decode-sized calls of the same tokens, bit for bit,
+ *   and against ref; kernels=generic (k_mm, which at hidden 2048 stages K in two halves)
+ *   against the default kernels on every fixture (fp16, and bf16 on two TP ranks);
+ * - the combine from the engine's own 16-bit intermediates (taps), bit for bit, and the
+ *   CUDA-core path at a hidden size that is no multiple of 4;
  * - routing with 1,100 experts (three per thread of the routing kernel) against ref's top-k
  *   ids, and a token whose logits are all NaN (experts 0..k-1, as ref; its neighbours
  *   unaffected).
@@ -44,6 +47,8 @@
 #include "cuda/nvfp4_layout.h"
 #include "engine.h"
 #include "audit/engines.h"
+#include "formats.h"
+#include "ref/moe.h"
 
 #include <math.h>
 
@@ -321,6 +326,9 @@ static const exact_pair exact_pairs[] = {
     {"cuda:act_dtype=fp16", "cuda:act_dtype=fp16,graphs=on", false},
     {"cuda:act_dtype=bf16,moe_dispatch=grouped", "cuda:act_dtype=bf16,moe_dispatch=grouped,graphs=on", false},
     {"cuda:act_dtype=fp32", "cuda:act_dtype=fp32,graphs=on", false},
+    /* prefill-sized BF16 router and shared expert on k_gemm against k_mm */
+    {"cuda:act_dtype=fp16", "cuda:act_dtype=fp16,kernels=generic", false},
+    {"cuda:act_dtype=bf16,tp_size=2,tp_rank=all", "cuda:act_dtype=bf16,tp_size=2,tp_rank=all,kernels=generic", false},
 };
 
 static void run_fixture(const char *name, const mf_opts *o)
@@ -527,22 +535,28 @@ static void cuda_decode_kernel(void **state)
     mf_free(&m);
 }
 
-/* Prefill-sized calls take other paths than decode-sized ones (k_mm: a row tile's chunks on
- * one warp instead of several; the BF16 router and shared expert with FP16 inputs at this K
- * stage their input rows in two halves of K, one after the other), which by the numerics
- * contract give the same bits. Hidden 2048 (64 steps in 8 chunks of 8: the staged rows of 16
- * tokens would take 133 KB, so they are staged in halves): a 300-token call against the ref
- * bound, and its first and last 5 tokens bit for bit (outputs and top-k ids) against calls of
- * those 5 tokens alone. */
+/* Prefill-sized calls take other paths than decode-sized ones (the BF16 router and shared
+ * expert on k_gemm, 32 tokens per block with the inputs staged chunk by chunk; with
+ * kernels=generic on k_mm, which with FP16 inputs at this K stages its rows in two halves of K,
+ * one after the other; the NVFP4 experts with a row tile's chunks on one warp instead of
+ * several), which by the numerics contract give the same bits. Hidden 2048 (64 steps in 8
+ * chunks of 8: k_mm's staged rows of 16 tokens would take 133 KB, so they are staged in
+ * halves), BF16 shared expert: a 300-token call against the ref bound; its first and last 5
+ * tokens bit for bit (outputs and top-k ids) against calls of those 5 tokens alone; and
+ * calls of 300 and 37 tokens against kernels=generic. */
 static void cuda_prefill_parts(void **state)
 {
     (void)state;
     mf_opts o;
     shape(&o, 29, 2048, 16, 4, 64, 128);
+    o.shared_bf16 = true;
     mf_model m;
     const char *dir = fixture_or_skip("gpu_parts", &o, &m);
     static const char *const v = "cuda:act_dtype=fp16";
     compare(dir, "ref:scale=fp16,act_dtype=fp16", v, 4e-3, 0, 300, -1, "parts");
+    static const exact_call seq[] = {{300, -1, 2901}, {37, -1, 2902}, {300, 5, 2903}};
+    exact_seq(dir, v, "cuda:act_dtype=fp16,kernels=generic", 0, seq, TD_ARRAY_LEN(seq), "parts");
+    exact_seq(dir, "cuda:act_dtype=bf16", "cuda:act_dtype=bf16,kernels=generic", 0, seq, TD_ARRAY_LEN(seq), "parts");
     const int64_t H = o.hidden, k = o.top_k, M = 300, m5 = 5;
     float *x = malloc((size_t)(M * H) * sizeof *x), *y = malloc((size_t)(M * H) * sizeof *y),
           *y5 = malloc((size_t)(m5 * H) * sizeof *y5);
@@ -580,6 +594,134 @@ static void cuda_prefill_parts(void **state)
     free(y);
     free(y5);
     free(ids);
+    mf_free(&m);
+}
+
+/* One token's combine on the host from the engine's own taps, in the engine's order (slots
+ * ascending, then the shared expert with gate sg), rounded to act: fl32 products and sums. */
+static float host_combine(const float *w, const float *eout, int64_t k, int64_t H, int64_t h, float sg,
+                          const float *sh, td_act_dtype act)
+{
+    float acc = 0.0f;
+    for (int64_t j = 0; j < k; j++) {
+        const float p = w[j] * eout[j * H + h];
+        acc = acc + p;
+    }
+    if (sh) {
+        const float p = sg * sh[h];
+        acc = acc + p;
+    }
+    return ref_round_act(acc, act);
+}
+
+/* true when v is exactly an FP16 (act fp16) or BF16 (act bf16) value */
+static bool is_act16(float v, td_act_dtype act)
+{
+    const float r = act == TD_ACT_FP16 ? td_f16_to_f32(td_f32_to_f16(v)) : td_bf16_to_f32(td_f32_to_bf16(v));
+    return memcmp(&r, &v, sizeof v) == 0;
+}
+
+/* The combine from the tensor-core path's 16-bit intermediates, bit for bit: the shared gate's
+ * weights are zero, so its sigmoid is exactly 0.5, and every output element must equal the
+ * host's combine (host_combine) of the engine's own top-k weights, expert outputs and shared
+ * output (taps, which the engine holds as FP16 / BF16 patterns: each must be a value of the
+ * act dtype). fp16 and bf16, direct and grouped, one rank of two and the whole layer; M = 1,
+ * 5, 16, 300. Without the shared expert (a second fixture) the same without its term. */
+static void combine_case(const char *name, int64_t shared)
+{
+    mf_opts o;
+    shape(&o, 31, 256, 24, 5, 128, shared);
+    mf_model m;
+    mf_build(&o, &m);
+    if (shared) memset(m.layers[0].sh_gw.bf16, 0, (size_t)o.hidden * sizeof(uint16_t));
+    const char *dir = td_test_path(name);
+    mf_write(&m, dir);
+    skip_without_gpu(dir, &m);
+    static const char *const vs[] = {
+        "cuda:act_dtype=fp16", "cuda:act_dtype=bf16", "cuda:act_dtype=fp16,moe_dispatch=grouped",
+        "cuda:act_dtype=bf16,storage=raw,moe_dispatch=grouped", "cuda:act_dtype=fp16,tp_size=2,tp_rank=1",
+    };
+    static const int64_t Ms[] = {1, 5, 16, 300};
+    const int64_t H = o.hidden, k = o.top_k;
+    for (size_t vi = 0; vi < TD_ARRAY_LEN(vs); vi++) {
+        td_variant var;
+        td_err err;
+        assert_int_equal(td_variant_parse(vs[vi], &var, &err), TD_OK);
+        const td_act_dtype act = var.act_dtype;
+        td_engine *e = td_test_engine(dir, vs[vi]);
+        td_taps *t = NULL;
+        static const char *const tp[] = {"L0.moe.*"};
+        assert_int_equal(td_taps_new(tp, 1, &t, &err), TD_OK);
+        td_engine_set_taps(e, t);
+        for (size_t mi = 0; mi < TD_ARRAY_LEN(Ms); mi++) {
+            const int64_t M = Ms[mi];
+            const size_t n = (size_t)(M * H);
+            float *x = malloc(n * sizeof *x), *y = guarded(n);
+            assert_non_null(x);
+            td_rng rng;
+            td_rng_seed(&rng, (uint64_t)(3100 + M));
+            for (size_t i = 0; i < n; i++) x[i] = 0.5f * td_rng_normal_f32(&rng);
+            td_taps_reset(t);
+            td_block_call c = {0, TD_BLOCK_MOE, M, x, y + GUARD, NULL, NULL};
+            if (td_engine_run_block(e, &c, &err)) fail_msg("%s M=%lld: %s", vs[vi], (long long)M, err.msg);
+            check_guards(y, n, vs[vi]);
+            const td_tap *tw = td_taps_find(t, "L0.moe.topk_weights"), *to = td_taps_find(t, "L0.moe.expert_out"),
+                         *ta = td_taps_find(t, "L0.moe.expert_act"), *ts = td_taps_find(t, "L0.moe.shared_out");
+            if (!tw || !to || !ta || (shared && !ts)) fail_msg("%s M=%lld: a tap is missing", vs[vi], (long long)M);
+            const float *w = (const float *)tw->data, *eo = (const float *)to->data, *ea = (const float *)ta->data;
+            const float *sh = shared ? (const float *)ts->data : NULL;
+            const int64_t il = o.inter / var.tp_size;
+            for (int64_t i = 0; i < M * k * il; i++)
+                if (!is_act16(ea[i], act))
+                    fail_msg("%s M=%lld: expert_act %lld = %a is no act value", vs[vi], (long long)M, (long long)i,
+                             (double)ea[i]);
+            for (int64_t i = 0; i < M * k * H; i++)
+                if (!is_act16(eo[i], act))
+                    fail_msg("%s M=%lld: expert_out %lld = %a is no act value", vs[vi], (long long)M, (long long)i,
+                             (double)eo[i]);
+            size_t diff = 0;
+            for (int64_t tk = 0; tk < M; tk++)
+                for (int64_t h = 0; h < H; h++) {
+                    const float *s_t = sh ? sh + tk * H : NULL;
+                    const float want = host_combine(w + tk * k, eo + tk * k * H, k, H, h, 0.5f, s_t, act);
+                    const float got = y[GUARD + tk * H + h];
+                    if (s_t && !is_act16(s_t[h], act))
+                        fail_msg("%s M=%lld: shared_out %lld is no act value", vs[vi], (long long)M,
+                                 (long long)(tk * H + h));
+                    diff += memcmp(&want, &got, sizeof got) != 0;
+                }
+            if (diff)
+                fail_msg("%s M=%lld: %zu of %zu outputs differ from the host combine of the taps", vs[vi], (long long)M,
+                         diff, n);
+            free(x);
+            free(y);
+        }
+        print_message("  combine    %-52s M = 1, 5, 16, 300: output == host combine of the taps (bits)\n", vs[vi]);
+        td_engine_free(e);
+        td_taps_free(t);
+    }
+    mf_free(&m);
+}
+
+static void cuda_combine_taps(void **state)
+{
+    (void)state;
+    combine_case("gpu_comb_sh", 128);
+    combine_case("gpu_comb", 0);
+}
+
+/* The CUDA-core path (act_dtype=fp32) at a hidden size that is no multiple of 4 (BF16 experts):
+ * the combine's one-column kernel, against ref. */
+static void cuda_odd_hidden(void **state)
+{
+    (void)state;
+    mf_opts o;
+    shape(&o, 32, 90, 16, 4, 48, 32);
+    o.fmt = MF_BF16;
+    mf_model m;
+    const char *dir = fixture_or_skip("gpu_odd", &o, &m);
+    for (int64_t M = 1; M <= 301; M += 150)
+        compare(dir, "ref:scale=fp16", "cuda:act_dtype=fp32", 1e-5, 0, M, -1, "odd");
     mf_free(&m);
 }
 
@@ -731,6 +873,8 @@ int main(void)
         cmocka_unit_test(cuda_decode_kernel),
         cmocka_unit_test(cuda_prefill_parts),
         cmocka_unit_test(cuda_routing),
+        cmocka_unit_test(cuda_combine_taps),
+        cmocka_unit_test(cuda_odd_hidden),
         cmocka_unit_test(cuda_grouping_wide),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
