@@ -19,7 +19,9 @@
  * calls run in chunks of CU_TOKEN_CAP tokens (tokens are independent in the block, so
  * chunking changes no bit). graphs=on captures a chunk's device work once per (layer, tokens,
  * block, routes imposed or not) and replays it. moe_dispatch=grouped runs on the tensor-core
- * path only and is refused (TD_ERR_UNSUPPORTED, naming why) elsewhere.
+ * path only and is refused (TD_ERR_UNSUPPORTED, naming why) elsewhere. The tensor-core path
+ * keeps its intermediates as 16-bit patterns only (moe_block.cuh); the taps moe.expert_act,
+ * moe.expert_out and moe.shared_out convert them to float on the host (exact).
  *
  * Errors name the engine, layer and tensor or CUDA call at fault. One engine owns its streams,
  * events, graphs and device memory; nothing global.
