@@ -307,6 +307,34 @@ struct mm_args {
  * and u = w % 8: lane quad q then finds the four words it needs (columns 2q and 2q+8 of both
  * blocks) side by side, so one 16-byte load fetches them. */
 
+/* The four words (column pairs) of a 16-byte load of input row columns at d[0], d[4], d[8],
+ * d[12]; with SPLIT (FP16 inputs for BF16 weights) their exact BF16 hi / lo split, hi there and
+ * lo at the same offsets + copy. */
+template <bool SPLIT>
+__device__ __forceinline__ void store_x4(uint4 q, uint32_t *d, int copy)
+{
+    const uint32_t w4[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t w = w4[i];
+        if (!SPLIT) {
+            d[i * 4] = w;
+        } else {
+            __half2 h;
+            memcpy(&h, &w, 4);
+            const float2 f = __half22float2(h);
+            const __nv_bfloat162 hi = __floats2bfloat162_rn(f.x, f.y);
+            const float2 hf = __bfloat1622float2(hi);
+            const __nv_bfloat162 lo = __floats2bfloat162_rn(__fsub_rn(f.x, hf.x), __fsub_rn(f.y, hf.y));
+            uint32_t uh, ul;
+            memcpy(&uh, &hi, 4);
+            memcpy(&ul, &lo, 4);
+            d[i * 4] = uh;
+            d[copy + i * 4] = ul;
+        }
+    }
+}
+
 /* Stage the group's input rows into shared memory as 16-bit pairs in that order (the
  * block's threads together, 16 bytes per load; columns at or beyond in_cols become 0), with
  * the BF16 hi / lo split of FP16 inputs for BF16 weights (copy 1 holds lo). Ends with
@@ -342,30 +370,8 @@ __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, 
             }
         }
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (!dst[u]) continue;
-            uint32_t *d = dst[u];
-            const uint32_t w4[4] = {q4[u].x, q4[u].y, q4[u].z, q4[u].w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const uint32_t w = w4[i];
-                if (!SPLIT) {
-                    d[i * 4] = w;
-                } else {
-                    __half2 h;
-                    memcpy(&h, &w, 4);
-                    const float2 f = __half22float2(h);
-                    const __nv_bfloat162 hi = __floats2bfloat162_rn(f.x, f.y);
-                    const float2 hf = __bfloat1622float2(hi);
-                    const __nv_bfloat162 lo = __floats2bfloat162_rn(__fsub_rn(f.x, hf.x), __fsub_rn(f.y, hf.y));
-                    uint32_t uh, ul;
-                    memcpy(&uh, &hi, 4);
-                    memcpy(&ul, &lo, 4);
-                    d[i * 4] = uh;
-                    d[copy + i * 4] = ul;
-                }
-            }
-        }
+        for (int u = 0; u < U; u++)
+            if (dst[u]) store_x4<SPLIT>(q4[u], dst[u], copy);
     }
     __syncthreads();
 }
@@ -746,26 +752,7 @@ __device__ __forceinline__ void gm_store(const mm_args &a, int k0, int k1, const
         const int idx = (int)threadIdx.x + u * GM_WARPS * 32;
         if (idx >= total) continue;
         const int j = idx / nv, vl = idx % nv, m = vl & 3;
-        uint32_t *d = xb + j * xs_w + (vl >> 2) * 16 + (m >> 1) * 2 + (m & 1);
-        const uint32_t w4[4] = {q4[u].x, q4[u].y, q4[u].z, q4[u].w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            if (!SPLIT) {
-                d[i * 4] = w4[i];
-            } else {
-                __half2 h;
-                memcpy(&h, &w4[i], 4);
-                const float2 f = __half22float2(h);
-                const __nv_bfloat162 hi = __floats2bfloat162_rn(f.x, f.y);
-                const float2 hf = __bfloat1622float2(hi);
-                const __nv_bfloat162 lo = __floats2bfloat162_rn(__fsub_rn(f.x, hf.x), __fsub_rn(f.y, hf.y));
-                uint32_t uh, ul;
-                memcpy(&uh, &hi, 4);
-                memcpy(&ul, &lo, 4);
-                d[i * 4] = uh;
-                d[copy + i * 4] = ul;
-            }
-        }
+        store_x4<SPLIT>(q4[u], xb + j * xs_w + (vl >> 2) * 16 + (m >> 1) * 2 + (m & 1), copy);
     }
 }
 
