@@ -752,10 +752,13 @@ static td_status tap_fetch(cu_engine *c, float **dst, size_t cap, const float *d
         TD_CU_TRY(err, cudaMemcpyAsync(*dst, d32, n * sizeof(float), cudaMemcpyDeviceToHost, s));
         return TD_OK;
     }
+    /* the largest 16-bit intermediate: [C*k, H] expert outputs or [C*k, I/tp] activations */
     const size_t C = CU_TOKEN_CAP, H = (size_t)c->cfg.hidden_size, k = (size_t)c->cfg.num_experts_per_tok;
-    st = host_buf((void **)&c->h_16, C * k * H * sizeof(uint16_t), err);
+    const size_t il = (size_t)(c->cfg.moe_intermediate_size / c->base.variant.tp_size);
+    const size_t cap16 = C * k * (H > il ? H : il);
+    st = host_buf((void **)&c->h_16, cap16 * sizeof(uint16_t), err);
     if (st) return st;
-    if (n > C * k * H) return td_err_set(err, TD_ERR_INTERNAL, "engine cuda: tap of %zu values", n);
+    if (n > cap16) return td_err_set(err, TD_ERR_INTERNAL, "engine cuda: tap of %zu values", n);
     TD_CU_TRY(err, cudaMemcpyAsync(c->h_16, d16, n * sizeof(uint16_t), cudaMemcpyDeviceToHost, s));
     TD_CU_TRY(err, cudaStreamSynchronize(s));
     const bool f16 = c->shape.act == 1;

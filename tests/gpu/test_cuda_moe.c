@@ -625,12 +625,13 @@ static bool is_act16(float v, td_act_dtype act)
  * weights are zero, so its sigmoid is exactly 0.5, and every output element must equal the
  * host's combine (host_combine) of the engine's own top-k weights, expert outputs and shared
  * output (taps, which the engine holds as FP16 / BF16 patterns: each must be a value of the
- * act dtype). fp16 and bf16, direct and grouped, one rank of two and the whole layer; M = 1,
- * 5, 16, 300. Without the shared expert (a second fixture) the same without its term. */
-static void combine_case(const char *name, int64_t shared)
+ * act dtype). fp16 and bf16, direct and grouped, one rank of two; M = 1, 5, 16, 300. Without
+ * the shared expert (a second fixture, intermediate 384 > hidden 256) the same without its
+ * term. */
+static void combine_case(const char *name, int64_t inter, int64_t shared)
 {
     mf_opts o;
-    shape(&o, 31, 256, 24, 5, 128, shared);
+    shape(&o, 31, 256, 24, 5, inter, shared);
     mf_model m;
     mf_build(&o, &m);
     if (shared) memset(m.layers[0].sh_gw.bf16, 0, (size_t)o.hidden * sizeof(uint16_t));
@@ -706,8 +707,8 @@ static void combine_case(const char *name, int64_t shared)
 static void cuda_combine_taps(void **state)
 {
     (void)state;
-    combine_case("gpu_comb_sh", 128);
-    combine_case("gpu_comb", 0);
+    combine_case("gpu_comb_sh", 128, 128);
+    combine_case("gpu_comb", 384, 0); /* expert activations wider than hidden: the taps' staging */
 }
 
 /* The CUDA-core path (act_dtype=fp32) at a hidden size that is no multiple of 4 (BF16 experts):
