@@ -536,15 +536,13 @@ __device__ __forceinline__ void mm_chunk(const mm_args &a, int64_t mat, int64_t 
     }
 }
 
-__device__ __forceinline__ void store16(uint16_t *p, float v, int act)
-{
-    *p = act == 1 ? __half_as_ushort(__float2half_rn(v)) : __bfloat16_as_ushort(__float2bfloat16_rn(v));
-}
-
+/* v as the FP16 (act 1) or BF16 (act 2) bit pattern, round to nearest even. */
 __device__ __forceinline__ uint32_t bits16(float v, int act)
 {
     return act == 1 ? __half_as_ushort(__float2half_rn(v)) : __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
+
+__device__ __forceinline__ void store16(uint16_t *p, float v, int act) { *p = (uint16_t)bits16(v, act); }
 
 /* Epilogue of one row tile: v[nt][e] final sums (e: 0,1 row g tokens 2q, 2q+1; 2,3 row g+8). */
 template <int NA>
