@@ -483,20 +483,26 @@ __device__ __forceinline__ void mm_compute(const mm_args &a, int64_t mat, int ba
                 }
                 /* the 2^-14 of the decoded codes stays in acc; the epilogue scales it back */
                 const float e_lo = b ? eff_lo.y : eff_lo.x, e_hi = b ? eff_hi.y : eff_hi.x;
+                if (WK < 2) {
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    if (WK < 2) {
+                    for (int nt = 0; nt < NT; nt++) {
                         float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
                         mma16816<ACT>(A, B[nt][0], B[nt][1], d0, d1, d2, d3);
                         acc[nt][0] = __fmaf_rn(e_lo, d0, acc[nt][0]);
                         acc[nt][1] = __fmaf_rn(e_lo, d1, acc[nt][1]);
                         acc[nt][2] = __fmaf_rn(e_hi, d2, acc[nt][2]);
                         acc[nt][3] = __fmaf_rn(e_hi, d3, acc[nt][3]);
-                    } else {
-                        mma16816<2>(A, B[nt][0], B[nt][1], acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
-                        if (SPLIT)
-                            mma16816<2>(A, B[nt][2], B[nt][3], acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
                     }
+                } else {
+                    /* per tile hi then lo; the tiles' hi products first, so that no lo
+                     * product waits right behind its own tile's hi */
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+                        mma16816<2>(A, B[nt][0], B[nt][1], acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+                    if (SPLIT)
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++)
+                            mma16816<2>(A, B[nt][2], B[nt][3], acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
                 }
             }
         }
@@ -795,28 +801,29 @@ __global__ void __launch_bounds__(GM_WARPS * 32, 2) k_gemm(mm_args a)
             for (int i = 0; i < GM_PF; i++) {
                 if (i >= n) break;
                 const int sl = base - k0 + i;
+                /* every tile, also past count: the staged rows there are zeros, their sums
+                 * unused, and no predicate keeps the mma from being scheduled together */
                 uint4 Bs[GM_NT], Ls[GM_NT];
 #pragma unroll
                 for (int nt = 0; nt < GM_NT; nt++) {
-                    Bs[nt] = Ls[nt] = make_uint4(0, 0, 0, 0);
-                    if (nt < ntn) {
-                        const uint32_t *row = xb + (nt * 8 + g) * xs_w + sl * 16 + q * 4;
-                        Bs[nt] = *reinterpret_cast<const uint4 *>(row);
-                        if (SPLIT) Ls[nt] = *reinterpret_cast<const uint4 *>(row + copy);
-                    }
+                    const uint32_t *row = xb + (nt * 8 + g) * xs_w + sl * 16 + q * 4;
+                    Bs[nt] = *reinterpret_cast<const uint4 *>(row);
+                    Ls[nt] = SPLIT ? *reinterpret_cast<const uint4 *>(row + copy) : make_uint4(0, 0, 0, 0);
                 }
 #pragma unroll
                 for (int b = 0; b < 2; b++) {
                     const uint32_t A[4] = {r.wd[i][b].x, r.wd[i][b].y, r.wd[i][b].z, r.wd[i][b].w};
+                    /* each tile's sequence is hi then lo; the tiles' hi products issue back to
+                     * back before the lo ones, which wait for them */
 #pragma unroll
-                    for (int nt = 0; nt < GM_NT; nt++) {
-                        if (nt >= ntn) continue;
+                    for (int nt = 0; nt < GM_NT; nt++)
                         mma16816<2>(A, b ? Bs[nt].z : Bs[nt].x, b ? Bs[nt].w : Bs[nt].y, p[nt][0], p[nt][1], p[nt][2],
                                     p[nt][3]);
-                        if (SPLIT)
+                    if (SPLIT)
+#pragma unroll
+                        for (int nt = 0; nt < GM_NT; nt++)
                             mma16816<2>(A, b ? Ls[nt].z : Ls[nt].x, b ? Ls[nt].w : Ls[nt].y, p[nt][0], p[nt][1],
                                         p[nt][2], p[nt][3]);
-                    }
                 }
             }
         }
