@@ -1393,9 +1393,14 @@ td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int64_t pac
     if (pack < cu_mm_pack(nslots) || pack > CU_MM_PACK_DEC)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: grouping %lld slots in packs of %lld", (long long)nslots,
                           (long long)pack);
-    /* segments: one per warp where shared memory allows (their counts take seg x E words), at
-     * least one (then the layout is the slot ids and one count per expert) */
-    int seg = GROUP_THREADS / 32;
+    /* segments: one per 32 slots, at most one per warp, and as many as shared memory allows
+     * (their counts take seg x E words); at least one (then the layout is the slot ids and one
+     * count per expert). Every thread walks the segments' counts of its experts twice, so a
+     * decode-sized call takes few segments. The segments change no result: perm lists each
+     * expert's slots in ascending slot order whatever the cut. */
+    int seg = (int)((nslots + 31) / 32);
+    if (seg > GROUP_THREADS / 32) seg = GROUP_THREADS / 32;
+    if (seg < 1) seg = 1;
     while (seg > 1 && (size_t)group_off(nslots, E, seg) * 4 + 32 * sizeof(long long) > 227 * 1024) seg /= 2;
     const size_t bytes = (size_t)group_off(nslots, E, seg) * 4 + 32 * sizeof(long long);
     if (nslots < 1 || E < 1 || bytes > 227 * 1024 || nslots >= (1ll << 31) / 2)
