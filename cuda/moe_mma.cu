@@ -1223,14 +1223,15 @@ __host__ __device__ static inline int64_t group_off(int64_t nslots, int64_t E, i
 
 /* Grouped dispatch on one block, O(slots + segments x experts):
  * 1. the slots are cut into `seg` contiguous segments (seg <= the block's warps); warp w walks
- *    segment w 32 slots at a time and counts each expert's slots in it (lanes holding the same
- *    expert found by one match, its lowest lane adds their number: no atomics);
+ *    segment w 32 slots at a time and counts each expert's slots in it (integer shared-memory
+ *    atomics: the counts do not depend on the order of the adds);
  * 2. thread t owns experts [t*per, (t+1)*per): their totals (sums over the segments) are
  *    scanned over the threads into each expert's first slot and first pack (exclusive
  *    prefixes of slots and packs); each expert writes its packs and turns its per-segment
  *    counts into the first position of each segment's slots;
- * 3. warp w walks its segment again and writes every slot at its expert's position for the
- *    segment plus its rank among the lanes of that expert.
+ * 3. warp w walks its segment again, 32 slots at a time: the lanes holding the same expert are
+ *    found by one match, each writes its slot at its expert's position for the segment plus
+ *    its rank among those lanes, and the lowest of them advances the position.
  * So perm lists each expert's slots in ascending slot order, the same for every run. Slots
  * whose id is outside [0, E) are in no group. */
 __global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int64_t nslots, int64_t E, int P, int seg,
@@ -1255,12 +1256,9 @@ __global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int
     const int len = (ns + seg - 1) / seg;
     const int s0 = warp * len, s1 = s0 + len < ns ? s0 + len : ns;
     if (warp < seg)
-        for (int base = s0; base < s1; base += 32) {
-            const int s = base + lane;
-            const int32_t e = s < s1 ? sid[s] : -1;
-            const unsigned m = __match_any_sync(0xffffffffu, e);
-            if (e >= 0 && lane == __ffs(m) - 1) wc[warp * ne + e] += __popc(m);
-            __syncwarp(); /* the next leader of this expert may be another lane */
+        for (int s = s0 + lane; s < s1; s += 32) { /* counts: integer adds, any order gives the same */
+            const int32_t e = sid[s];
+            if (e >= 0) atomicAdd(&wc[warp * ne + e], 1);
         }
     __syncthreads();
     /* thread t owns experts [t*per, (t+1)*per): packed (slots << 32 | packs) partial sums */
@@ -1269,6 +1267,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int
     long long mine = 0;
     for (int e = e0; e < e1; e++) {
         int n = 0;
+#pragma unroll 8
         for (int w = 0; w < seg; w++) n += wc[w * ne + e];
         mine += ((long long)n << 32) + (n + P - 1) / P;
     }
@@ -1278,6 +1277,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int
     for (int e = e0; e < e1; e++) {
         const int32_t sbase = (int32_t)(run >> 32), gbase = (int32_t)(run & 0xffffffffll);
         int32_t pos = sbase;
+#pragma unroll 8
         for (int w = 0; w < seg; w++) { /* per-segment counts -> first positions */
             const int32_t c = wc[w * ne + e];
             wc[w * ne + e] = pos;
