@@ -217,7 +217,7 @@ endif
 # GPU exists; without one they skip with a message).
 GPU_OUT   := build/gpu
 NVCC_ARCH := -gencode arch=compute_90,code=sm_90
-NVCCFLAGS_ALL := -std=c++17 -O3 -g $(NVCC_ARCH) -Icore -I. -Icuda -MMD -MP \
+NVCCFLAGS_ALL = -std=c++17 -O3 -g $(NVCC_ARCH) -Icore -I. -Icuda -MMD -MP \
                  -Xcompiler -Wall,-Wextra,-Werror,-fno-strict-aliasing $(NVCCFLAGS)
 CUDA_LIBDIR ?= $(patsubst %/bin/nvcc,%,$(NVCC))/lib64
 GPU_LDLIBS := -L$(CUDA_LIBDIR) -lcudart_static -lstdc++ -ldl -lrt -lpthread
@@ -266,6 +266,8 @@ $(GPU_OUT)/tests/%: $(GPU_OUT)/tests/%.o $(GPU_LIB_OBJ) $(CUDA_OBJ)
 
 # GPU benches (bench/gpu/*.cu) call the cuda/ launchers directly; cuBLAS, their baseline, is
 # opened at run time (dlopen), so the bundle stays small and the build needs no cuBLAS.
+# bench/gpu/mma_probe.cu tries the warpgroup MMA (wgmma), which only the sm_90a target has
+$(GPU_OUT)/bench/mma_probe.o: NVCC_ARCH = -gencode arch=compute_90a,code=sm_90a
 $(GPU_OUT)/bench/%.o: bench/gpu/%.cu | deps
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $<")

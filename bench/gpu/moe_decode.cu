@@ -198,6 +198,7 @@ typedef struct opts {
     int64_t H, E, I, k, Is, tp;
     int act;            /* 1 fp16, 2 bf16 */
     bool raw, grouped, json, no_cublas, generic;
+    int prio;           /* 0 off, 1 main stream high, 2 shared-expert stream high */
     std::vector<int64_t> Ms;
     int iters, sets;
     uint64_t seed;
@@ -208,7 +209,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: moe_decode [--hidden N] [--experts N] [--inter N] [--topk N] [--shared N] [--tp N]\n"
                     "                  [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]\n"
-                    "                  [--kernels fast|generic]\n"
+                    "                  [--kernels fast|generic] [--prio main|shared|off]\n"
                     "                  [--M 1,2,4,8,16,784] [--iters N] [--sets N] [--seed N] [--cublas LIB]\n"
                     "                  [--db PATH] [--json] [--no-cublas]\n");
     exit(2);
@@ -229,6 +230,7 @@ static void parse(int argc, char **argv, opts *o)
 {
     o->H = 2560, o->E = 512, o->I = 640, o->k = 10, o->Is = 640, o->tp = 1;
     o->act = 1, o->raw = false, o->grouped = false, o->json = false, o->no_cublas = false, o->generic = false;
+    o->prio = 0;
     o->Ms = {1, 2, 4, 8, 16, 784};
     o->iters = 200, o->sets = 16, o->seed = 1, o->cublas = NULL, o->db = NULL;
     for (int i = 1; i < argc; i++) {
@@ -264,6 +266,10 @@ static void parse(int argc, char **argv, opts *o)
         } else if (!strcmp(a, "--kernels")) {
             if (!strcmp(v, "generic")) o->generic = true;
             else if (strcmp(v, "fast")) usage();
+        } else if (!strcmp(a, "--prio")) {
+            if (!strcmp(v, "main")) o->prio = 1;
+            else if (!strcmp(v, "shared")) o->prio = 2;
+            else if (strcmp(v, "off")) usage();
         } else if (!strcmp(a, "--dispatch")) {
             if (!strcmp(v, "grouped")) o->grouped = true;
             else if (strcmp(v, "direct")) usage();
@@ -296,8 +302,11 @@ int main(int argc, char **argv)
     parse(argc, argv, &o);
     td_err err;
     TRYE(cu_mm_init(&err), err);
+    int prio_lo = 0, prio_hi = 0;
+    BENCH_CK(cudaDeviceGetStreamPriorityRange(&prio_lo, &prio_hi));
     cudaStream_t s;
-    BENCH_CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    BENCH_CK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, o.prio == 1 ? prio_hi : o.prio == 2 ? prio_lo : 0));
+    const unsigned long long gflags = o.prio ? cudaGraphInstantiateFlagUseNodePriority : 0;
     cudaDeviceProp prop;
     BENCH_CK(cudaGetDeviceProperties(&prop, 0));
     const int64_t H = o.H, E = o.E, k = o.k, il = o.I / o.tp, isl = o.Is / o.tp;
@@ -431,7 +440,8 @@ int main(int argc, char **argv)
     BENCH_CK(cudaMalloc(&ws.g_count, (size_t)G * 4));
     BENCH_CK(cudaMalloc(&ws.perm, (size_t)S * 4));
     ws.s = s;
-    BENCH_CK(cudaStreamCreateWithFlags(&ws.s2, cudaStreamNonBlocking));
+    BENCH_CK(cudaStreamCreateWithPriority(&ws.s2, cudaStreamNonBlocking,
+                                          o.prio == 1 ? prio_lo : o.prio == 2 ? prio_hi : 0));
     BENCH_CK(cudaEventCreateWithFlags(&ws.ev_fork, cudaEventDisableTiming));
     BENCH_CK(cudaEventCreateWithFlags(&ws.ev_join, cudaEventDisableTiming));
     float *sgb;
@@ -586,7 +596,7 @@ int main(int argc, char **argv)
                 enqueue(part, si);
                 BENCH_CK(cudaStreamEndCapture(s, &graph));
                 cudaGraphExec_t ex;
-                BENCH_CK(cudaGraphInstantiate(&ex, graph, 0));
+                BENCH_CK(cudaGraphInstantiate(&ex, graph, gflags));
                 BENCH_CK(cudaGraphDestroy(graph));
                 (part == 0 ? gb : part == 1 ? gr : gc).push_back(ex);
             }
@@ -602,7 +612,7 @@ int main(int argc, char **argv)
             for (int si = 0; si < o.sets; si++) enqueue(part, si);
             BENCH_CK(cudaStreamEndCapture(s, &graph));
             cudaGraphExec_t ex;
-            BENCH_CK(cudaGraphInstantiate(&ex, graph, 0));
+            BENCH_CK(cudaGraphInstantiate(&ex, graph, gflags));
             BENCH_CK(cudaGraphDestroy(graph));
             (part == 0 ? cb : part == 1 ? cr : part == 2 ? cc : part == 3 ? gq : gt).push_back(ex);
         }

@@ -1,0 +1,480 @@
+/* mma_probe.cu — whether Hopper's warpgroup MMA (wgmma, A from registers, B from shared
+ * memory through a matrix descriptor) gives the same bits as mma.sync m16n8k16 for the same
+ * sequence of BF16 products accumulated in FP32 (docs/perf.md, "The BF16 GEMMs on wgmma").
+ *
+ * usage: mma_probe [--seed N]
+ *
+ * Each output element (r, n) of a 64 x N tile is the sequence d = 0; for every 16-wide block
+ * b of K in order: d = A[r, b] . B[n, b] + d, i.e. one m16n8k16 per block on the element's
+ * warp (mma.sync), or one m64nNk16 per block on a warpgroup (wgmma, N = 8, 64, 128), after
+ * each of which the warpgroup waits. The engine's BF16 kernels (router and shared expert)
+ * accumulate this way within a chunk, hi and lo products alternating. A is 64 x 2560, B is
+ * N x 640 used four times (shared memory holds 640 columns), seeded random values in several
+ * ranges: exponents within [-8, 8] and [-60, 60], few distinct values (exact cancellations),
+ * subnormals and signed zeros, magnitudes that overflow FP32 (inf, inf - inf), and the
+ * engine's own case: an FP16 input split into a BF16 hi and lo part, each block of A used
+ * once for hi and once for lo. wgmma's B layout (8 x 8 core matrices, no swizzle; the
+ * descriptor's leading offset between the two K halves, its stride offset between column
+ * blocks) is checked against an FP64 sum (a wrong layout is far off it), then compared bit for
+ * bit with mma.sync. Prints one line per case and N, and exits 1 when any bit differs.
+ */
+#include <cuda_runtime.h>
+
+#include "gpu_timing.cuh"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <algorithm>
+#include <vector>
+
+#define KB 40      /* 16-wide blocks of B in shared memory */
+#define REP 4      /* A has REP * KB blocks; B's are used REP times */
+#define NMAX 128
+#define KA (REP * KB * 16)
+#define KBB (KB * 16)
+
+/* Warpgroup MMA (sm_90a), BF16 x BF16 into FP32, A (64 x 16) from registers in mma.sync's
+ * m16n8k16 A-fragment layout (warp w of the warpgroup holds rows 16w..16w+15), B (16 x N) from
+ * shared memory through a descriptor (wg_desc), D += A B in mma.sync's C layout repeated
+ * over the N/8 column blocks (d[4j..4j+3]: column block j). The sums are bit-identical to
+ * mma.sync m16n8k16's for the same sequence of 16-wide blocks (bench/gpu/mma_probe). Protocol:
+ * wg_fence() before the first wgmma that reads registers written since; wg_commit() after
+ * issuing; wg_wait<N>() until at most N committed groups are in flight, before touching
+ * their accumulators or A registers. Shared memory written by ordinary stores needs
+ * fence_async_smem() (and a barrier) before a wgmma reads it. */
+__device__ __forceinline__ void wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait(void)
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Pins x to its register at this point (no copy of an accumulator may be moved across a
+ * wgmma's issue or wait). */
+__device__ __forceinline__ void reg_fence(float &x) { asm volatile("" : "+f"(x)::"memory"); }
+
+__device__ __forceinline__ void fence_async_smem(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* Descriptor of a K-major B operand without swizzle: 8 x 8 core matrices (8 columns n, 8 values
+ * of K, 16 bytes per n) at `addr`; the second K half of the 16-wide block `lbo` bytes after the
+ * first, column block j + 1 `sbo` bytes after column block j. */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((addr >> 4) & 0x3fffu) | (uint64_t)((lbo >> 4) & 0x3fffu) << 16 |
+           (uint64_t)((sbo >> 4) & 0x3fffu) << 32;
+}
+__device__ __forceinline__ void wg_mma_n8(float (&d)[4], const uint32_t (&a)[4], uint64_t desc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+                 : "memory");
+}
+__device__ __forceinline__ void wg_mma_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+                 : "memory");
+}
+__device__ __forceinline__ void wg_mma_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t desc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+                 : "memory");
+}
+
+__device__ __forceinline__ void wg_mma_n256(float (&d)[128], const uint32_t (&a)[4], uint64_t desc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128,%129,%130,%131}, %132, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+                   "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+                   "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+                   "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+                   "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+                   "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
+                   "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+                   "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
+                   "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+                 : "memory");
+}
+
+__device__ __forceinline__ void a_frag(const uint16_t *A, int r0, int k0, int q, uint32_t a[4])
+{
+    const int r1 = r0 + 8;
+    a[0] = A[(size_t)r0 * KA + k0 + 2 * q] | (uint32_t)A[(size_t)r0 * KA + k0 + 2 * q + 1] << 16;
+    a[1] = A[(size_t)r1 * KA + k0 + 2 * q] | (uint32_t)A[(size_t)r1 * KA + k0 + 2 * q + 1] << 16;
+    a[2] = A[(size_t)r0 * KA + k0 + 2 * q + 8] | (uint32_t)A[(size_t)r0 * KA + k0 + 2 * q + 9] << 16;
+    a[3] = A[(size_t)r1 * KA + k0 + 2 * q + 8] | (uint32_t)A[(size_t)r1 * KA + k0 + 2 * q + 9] << 16;
+}
+
+/* mma.sync: warp w computes rows 16w..16w+15, every 8-column block of N in turn */
+__global__ void k_sync(const uint16_t *A, const uint16_t *B, int N, float *out)
+{
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int r0 = 16 * w + g;
+    for (int j = 0; j < N / 8; j++) {
+        float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+        const int n = 8 * j + g;
+        for (int rep = 0; rep < REP; rep++)
+            for (int kb = 0; kb < KB; kb++) {
+                uint32_t a[4];
+                a_frag(A, r0, (rep * KB + kb) * 16, q, a);
+                const uint16_t *bn = B + (size_t)n * KBB + kb * 16;
+                const uint32_t b0 = bn[2 * q] | (uint32_t)bn[2 * q + 1] << 16;
+                const uint32_t b1 = bn[2 * q + 8] | (uint32_t)bn[2 * q + 9] << 16;
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                             "{%8,%9}, {%0,%1,%2,%3};"
+                             : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+                             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+            }
+        const int c = 8 * j + 2 * q;
+        out[r0 * NMAX + c] = d0;
+        out[r0 * NMAX + c + 1] = d1;
+        out[(r0 + 8) * NMAX + c] = d2;
+        out[(r0 + 8) * NMAX + c + 1] = d3;
+    }
+}
+
+/* wgmma: B staged as 8 x 8 core matrices (8 columns n x 8 values of K, 16 bytes per n):
+ * block kb at kb * N * 32 bytes, in it column block j at j * 256 and K half h at h * 128. */
+template <int N>
+__global__ void k_wg(const uint16_t *A, const uint16_t *B, uint32_t lbo, uint32_t sbo, float *out)
+{
+    extern __shared__ uint4 bsh[];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    for (int i = threadIdx.x; i < N * KB * 2; i += blockDim.x) {
+        const int n = i / (KB * 2), kb = i / 2 % KB, h = i & 1;
+        const uint4 v = *reinterpret_cast<const uint4 *>(B + (size_t)n * KBB + kb * 16 + h * 8);
+        bsh[(kb * N * 32 + (n / 8) * 256 + h * 128 + (n % 8) * 16) / 16] = v;
+    }
+    fence_async_smem();
+    __syncthreads();
+    const uint32_t base = (uint32_t)__cvta_generic_to_shared(bsh);
+    float d[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) d[i] = 0.f;
+    const int r0 = 16 * w + g;
+    for (int rep = 0; rep < REP; rep++)
+        for (int kb = 0; kb < KB; kb++) {
+            uint32_t a[4];
+            a_frag(A, r0, (rep * KB + kb) * 16, q, a);
+            const uint32_t addr = base + (uint32_t)(kb * N * 32);
+            const uint64_t desc = wg_desc(addr, lbo, sbo);
+            wg_fence();
+            if (N == 8) wg_mma_n8(*reinterpret_cast<float(*)[4]>(d), a, desc);
+            if (N == 64) wg_mma_n64(*reinterpret_cast<float(*)[32]>(d), a, desc);
+            if (N == 128) wg_mma_n128(*reinterpret_cast<float(*)[64]>(d), a, desc);
+            wg_commit();
+            wg_wait<0>();
+        }
+#pragma unroll
+    for (int j = 0; j < N / 8; j++) {
+        const int c = 8 * j + 2 * q;
+        out[r0 * NMAX + c] = d[4 * j];
+        out[r0 * NMAX + c + 1] = d[4 * j + 1];
+        out[(r0 + 8) * NMAX + c] = d[4 * j + 2];
+        out[(r0 + 8) * NMAX + c + 1] = d[4 * j + 3];
+    }
+}
+
+
+/* Timing: each block (one warpgroup) issues `iters` steps of C wgmma m64nNk16 into C
+ * independent accumulators, one commit group per step, and waits for each step's completion
+ * before the next: cycles per step on the block's SM, i.e. the latency of one wgmma (C = 1)
+ * or of C independent ones issued back to back. */
+template <int N, int C>
+__global__ void k_wg_time(const uint16_t *A, int iters, float *sink, long long *cycles)
+{
+    extern __shared__ uint4 bsh[];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, q = lane & 3;
+    for (int i = threadIdx.x; i < N * 2 * 2; i += blockDim.x) bsh[i] = make_uint4(0x3f803f80u, 0, 0x3f803f80u, 0);
+    fence_async_smem();
+    __syncthreads();
+    const uint32_t base = (uint32_t)__cvta_generic_to_shared(bsh);
+    uint32_t a[4];
+    a_frag(A, 16 * w + (lane >> 2), 0, q, a);
+    float d[C][N / 2];
+#pragma unroll
+    for (int c = 0; c < C; c++)
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) d[c][i] = 0.f;
+    __syncthreads();
+    const long long t0 = clock64();
+    for (int it = 0; it < iters; it++) {
+#pragma unroll
+        for (int c = 0; c < C; c++)
+#pragma unroll
+            for (int i = 0; i < N / 2; i++) reg_fence(d[c][i]);
+        wg_fence();
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const uint64_t desc = wg_desc(base, 128, 256);
+            if (N == 64) wg_mma_n64(*reinterpret_cast<float(*)[32]>(d[c]), a, desc);
+            if (N == 128) wg_mma_n128(*reinterpret_cast<float(*)[64]>(d[c]), a, desc);
+            if (N == 256) wg_mma_n256(*reinterpret_cast<float(*)[128]>(d[c]), a, desc);
+        }
+        wg_commit();
+        wg_wait<0>();
+#pragma unroll
+        for (int c = 0; c < C; c++)
+#pragma unroll
+            for (int i = 0; i < N / 2; i++) reg_fence(d[c][i]);
+    }
+    wg_wait<0>();
+    const long long t1 = clock64();
+    float acc = 0.f;
+#pragma unroll
+    for (int c = 0; c < C; c++)
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) acc += d[c][i];
+    sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+    if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+}
+
+template <int N, int C>
+static void time_wg(const uint16_t *dA, int blocks, float *sink, long long *dcyc)
+{
+    const int iters = 4096;
+    const size_t smem = (size_t)N * 64 > 48 * 1024 ? 48 * 1024 : (size_t)N * 64;
+    BENCH_CK(cudaFuncSetAttribute(k_wg_time<N, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    k_wg_time<N, C><<<blocks, 128, smem>>>(dA, iters, sink, dcyc);
+    BENCH_CK(cudaGetLastError());
+    std::vector<long long> cyc((size_t)blocks);
+    BENCH_CK(cudaMemcpy(cyc.data(), dcyc, cyc.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+    std::sort(cyc.begin(), cyc.end());
+    const double per = (double)cyc[cyc.size() / 2] / iters;
+    printf("  m64n%-3dk16 x %d chains, %3d blocks: %7.1f cycles per step, %6.1f per wgmma, %6.0f FMA per cycle per block\n",
+           N, C, blocks, per, per / C, 64.0 * N * 16 * C / per);
+}
+
+/* ---- host -------------------------------------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float bf16_to_f(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* BF16 round-to-nearest-even of a finite float */
+static uint16_t f_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* a BF16 with a random sign and mantissa and an exponent in [e0, e1] (below -126: subnormal
+ * encodings, the mantissa scaled; one in 16 values a signed zero when zeros is set) */
+static uint16_t gen(uint64_t *s, int e0, int e1, bool zeros, bool few)
+{
+    const uint64_t r = rng_next(s);
+    const uint16_t sign = (uint16_t)((r & 1) << 15);
+    if (zeros && (r >> 1 & 15) == 0) return sign;
+    const int e = e0 + (int)((r >> 8) % (uint64_t)(e1 - e0 + 1));
+    uint16_t m = (uint16_t)(r >> 32 & 0x7f);
+    if (few) m &= 0x40;
+    if (e < -126) {
+        const int sh = -126 - e; /* subnormal: 0.m x 2^-126 with the leading one shifted in */
+        const uint16_t sm = (uint16_t)(((0x80 | m) >> (sh < 8 ? sh : 8)) & 0x7f);
+        return (uint16_t)(sign | sm);
+    }
+    return (uint16_t)(sign | (uint16_t)(e + 127) << 7 | m);
+}
+
+static bool same_bits(float a, float b)
+{
+    if (isnan(a) && isnan(b)) return true;
+    uint32_t x, y;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    return x == y;
+}
+
+int main(int argc, char **argv)
+{
+    uint64_t seed = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
+        else {
+            fprintf(stderr, "usage: mma_probe [--seed N]\n");
+            return 2;
+        }
+    }
+    const char *names[] = {"exp [-8,8]", "exp [-60,60]", "cancel", "subnormal+zero", "overflow", "fp16 hi/lo"};
+    const int ncase = 6;
+    std::vector<uint16_t> hA((size_t)64 * KA), hB((size_t)NMAX * KBB);
+    uint16_t *dA, *dB;
+    float *dS, *dW;
+    BENCH_CK(cudaMalloc(&dA, hA.size() * 2));
+    BENCH_CK(cudaMalloc(&dB, hB.size() * 2));
+    BENCH_CK(cudaMalloc(&dS, 64 * NMAX * 4));
+    BENCH_CK(cudaMalloc(&dW, 64 * NMAX * 4));
+    BENCH_CK(cudaFuncSetAttribute(k_wg<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 8 * KB * 32));
+    BENCH_CK(cudaFuncSetAttribute(k_wg<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * KB * 32));
+    BENCH_CK(cudaFuncSetAttribute(k_wg<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, 128 * KB * 32));
+    std::vector<float> hS(64 * NMAX), hW(64 * NMAX);
+    long long total_diff = 0;
+    printf("seed %llu; A 64 x %d, B N x %d used %d times; per element %d products in blocks of 16\n",
+           (unsigned long long)seed, KA, KBB, REP, KA);
+    printf("%-16s %4s %-12s %10s %12s %14s\n", "case", "N", "strides", "layout", "bits differ", "of elements");
+    for (int cs = 0; cs < ncase; cs++) {
+        uint64_t s = seed * 1000003ull + (uint64_t)cs;
+        for (int r = 0; r < 64; r++)
+            for (int k = 0; k < KA; k++) {
+                uint16_t v;
+                switch (cs) {
+                case 0: v = gen(&s, -8, 8, false, false); break;
+                case 1: v = gen(&s, -60, 60, false, false); break;
+                case 2: v = gen(&s, 0, 2, true, true); break;
+                case 3: v = gen(&s, -70, -55, true, false); break;
+                case 4: v = gen(&s, 60, 127, false, false); break;
+                default: v = gen(&s, -4, 4, false, false); break;
+                }
+                hA[(size_t)r * KA + k] = v;
+            }
+        if (cs == 5) /* block 2i + 1 repeats block 2i (hi, then lo) */
+            for (int r = 0; r < 64; r++)
+                for (int b = 1; b < KA / 16; b += 2)
+                    memcpy(&hA[(size_t)r * KA + b * 16], &hA[(size_t)r * KA + (b - 1) * 16], 32);
+        for (int n = 0; n < NMAX; n++)
+            for (int k = 0; k < KBB; k++) {
+                uint16_t v;
+                switch (cs) {
+                case 0: v = gen(&s, -8, 8, false, false); break;
+                case 1: v = gen(&s, -60, 60, false, false); break;
+                case 2: v = gen(&s, 0, 2, true, true); break;
+                case 3: v = gen(&s, -80, -60, true, false); break;
+                case 4: v = gen(&s, 60, 127, false, false); break;
+                default: {
+                    /* column n's FP16 input x at k % 16 of the block pair: hi = bf16(x), lo = bf16(x - hi) */
+                    const int b = k / 16, kk = k % 16;
+                    uint64_t t = seed * 7919ull + (uint64_t)(n * KBB + (b / 2) * 16 + kk);
+                    const uint64_t r = rng_next(&t);
+                    /* an FP16 value: 11 significant bits, exponent in [-10, 3] */
+                    const float xh = (float)ldexp((r & 1 ? -1.0 : 1.0) * (1.0 + (double)(r >> 1 & 1023) / 1024.0),
+                                                  -10 + (int)(r >> 11 & 0xffff) % 14);
+                    const uint16_t hi = f_to_bf16(xh);
+                    const uint16_t lo = f_to_bf16(xh - bf16_to_f(hi));
+                    v = (b & 1) ? lo : hi;
+                    break;
+                }
+                }
+                hB[(size_t)n * KBB + k] = v;
+            }
+        BENCH_CK(cudaMemcpy(dA, hA.data(), hA.size() * 2, cudaMemcpyHostToDevice));
+        BENCH_CK(cudaMemcpy(dB, hB.data(), hB.size() * 2, cudaMemcpyHostToDevice));
+        const int Ns[3] = {8, 64, 128};
+        for (int ni = 0; ni < 3; ni++) {
+            const int N = Ns[ni];
+            BENCH_CK(cudaMemset(dS, 0xff, 64 * NMAX * 4)); /* NaN poison */
+            k_sync<<<1, 128>>>(dA, dB, N, dS);
+            BENCH_CK(cudaGetLastError());
+            BENCH_CK(cudaMemcpy(hS.data(), dS, hS.size() * 4, cudaMemcpyDeviceToHost));
+            /* FP64 sums and magnitudes for the layout check */
+            std::vector<double> ref(64 * (size_t)N), mag(64 * (size_t)N);
+            for (int r = 0; r < 64; r++)
+                for (int n = 0; n < N; n++) {
+                    double acc = 0, m = 0;
+                    for (int k = 0; k < KA; k++) {
+                        const double p = (double)bf16_to_f(hA[(size_t)r * KA + k]) *
+                                         (double)bf16_to_f(hB[(size_t)n * KBB + k % KBB]);
+                        acc += p;
+                        m += fabs(p);
+                    }
+                    ref[(size_t)r * N + n] = acc;
+                    mag[(size_t)r * N + n] = m;
+                }
+            {
+                /* leading byte offset: between the K halves; stride byte offset: between column blocks */
+                const uint32_t lbo = 128, sbo = 256;
+                BENCH_CK(cudaMemset(dW, 0xff, 64 * NMAX * 4));
+                if (N == 8) k_wg<8><<<1, 128, 8 * KB * 32>>>(dA, dB, lbo, sbo, dW);
+                if (N == 64) k_wg<64><<<1, 128, 64 * KB * 32>>>(dA, dB, lbo, sbo, dW);
+                if (N == 128) k_wg<128><<<1, 128, 128 * KB * 32>>>(dA, dB, lbo, sbo, dW);
+                BENCH_CK(cudaGetLastError());
+                BENCH_CK(cudaMemcpy(hW.data(), dW, hW.size() * 4, cudaMemcpyDeviceToHost));
+                long long ok = 0, finite = 0, diff = 0, sync_ok = 0;
+                for (int r = 0; r < 64; r++)
+                    for (int n = 0; n < N; n++) {
+                        const double rf = ref[(size_t)r * N + n], m = mag[(size_t)r * N + n];
+                        const float w = hW[(size_t)r * NMAX + n], y = hS[(size_t)r * NMAX + n];
+                        if (!same_bits(w, y)) diff++;
+                        if (!isfinite(rf) || fabs(rf) > 3e38 || m > 3e38) continue;
+                        finite++;
+                        const double tol = 1e-3 * m + 1e-40;
+                        if (fabs((double)w - rf) <= tol) ok++;
+                        if (fabs((double)y - rf) <= tol) sync_ok++;
+                    }
+                const bool layout = finite == 0 ? true : ok == finite;
+                char strides[32];
+                snprintf(strides, sizeof strides, "%u/%u", lbo, sbo);
+                printf("%-16s %4d %-12s %10s %12lld %14d   (mma.sync near FP64: %lld of %lld)\n", names[cs], N,
+                       strides, finite == 0 ? "n/a" : layout ? "ok" : "WRONG", layout ? diff : -1LL, 64 * N,
+                       sync_ok, finite);
+                if (layout) total_diff += diff;
+            }
+        }
+    }
+    {
+        float *sink;
+        long long *dcyc;
+        BENCH_CK(cudaMalloc(&sink, 264 * 128 * 4));
+        BENCH_CK(cudaMalloc(&dcyc, 264 * sizeof(long long)));
+        printf("wgmma steps, each waited for (B from one shared-memory tile, A from registers):\n");
+        for (int blocks = 132; blocks <= 264; blocks += 132) {
+            time_wg<64, 1>(dA, blocks, sink, dcyc);
+            time_wg<64, 2>(dA, blocks, sink, dcyc);
+            time_wg<64, 4>(dA, blocks, sink, dcyc);
+            time_wg<128, 1>(dA, blocks, sink, dcyc);
+            time_wg<128, 2>(dA, blocks, sink, dcyc);
+            time_wg<256, 1>(dA, blocks, sink, dcyc);
+        }
+        BENCH_CK(cudaFree(sink));
+        BENCH_CK(cudaFree(dcyc));
+    }
+    printf("%s: %lld elements differ in at least one bit between wgmma and mma.sync\n",
+           total_diff ? "DIFFERENT" : "IDENTICAL", total_diff);
+    return total_diff ? 1 : 0;
+}
