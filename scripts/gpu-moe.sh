@@ -16,7 +16,8 @@
 #             decode kernels' machine code with spill (STL/LDL) counts per kernel
 #   probe     bench/gpu/mem_probe: the memory side's floor for the decode kernel's access
 #             pattern (bulk-copy rings and plain loads, no arithmetic) and where the hardware
-#             places the blocks of persistent grids
+#             places the blocks of persistent grids; bench/gpu/mma_probe: wgmma against
+#             mma.sync bit for bit, and the latency of wgmma steps
 #   ab        A/B of the bench against a baseline binary build/device/moe_decode_base (built
 #             from another commit, e.g. a git worktree, and carried beside the bundle): fp16
 #             direct and grouped, M = 1..16 and 784 grouped, the two binaries alternating, two
@@ -82,7 +83,8 @@ kernels)
       END {for (k in n) printf "%-60s %6d instructions %4d STL/LDL\n", k, n[k], spill[k]}' | sort > "$out/logs/sass_dec_$bin.txt"
   done ;;
 probe)
-  t mem_probe $B/mem_probe ;;
+  t mem_probe $B/mem_probe
+  t mma_probe $B/mma_probe ;;
 ab)
   [ -x $B/moe_decode_base ] || { echo "ab: no $B/moe_decode_base"; exit 2; }
   for run in 1 2; do

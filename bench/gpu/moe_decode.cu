@@ -3,7 +3,7 @@
  *
  * usage: moe_decode [--hidden 2560] [--experts 512] [--inter 640] [--topk 10] [--shared 640]
  *                   [--tp 1] [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]
- *                   [--kernels fast|generic]
+ *                   [--kernels fast|generic] [--prio main|shared|off]
  *                   [--M 1,2,4,8,16,784] [--iters 200] [--sets 16] [--seed 1]
  *                   [--cublas LIB] [--no-cublas] [--db PATH] [--json]
  *
@@ -28,6 +28,10 @@
  *           experts, pointer arrays prepared per route set) plus the engine's routing and
  *           combine kernels and a SwiGLU kernel; the shared expert on a second stream from
  *           the rounded input on, as in the engine
+ * --prio: the block's main stream (router, routing, routed experts, combine) or its
+ * shared-expert stream created at the device's greatest priority, the other at its least, and
+ * every graph instantiated with cudaGraphInstantiateFlagUseNodePriority (kernel nodes take
+ * the priority of the stream they were captured from); default off (both at priority 0).
  * Byte floors: bytes the call must read at least (routed: the distinct experts of the call's
  * routes x this storage's W13+W2 bytes incl. scales, plus the input and output activations;
  * block: plus the router and the shared expert) over the copy bandwidth measured here
