@@ -22,6 +22,7 @@
 
 #include "gpu_timing.cuh"
 
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -336,8 +337,16 @@ int main(int argc, char **argv)
 {
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
-        else {
+        if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
+            const char *v = argv[++i];
+            char *end;
+            errno = 0;
+            seed = strtoull(v, &end, 10);
+            if (!*v || *end || errno || v[0] == '-') {
+                fprintf(stderr, "mma_probe: --seed: '%s' is not a non-negative integer\n", v);
+                return 2;
+            }
+        } else {
             fprintf(stderr, "usage: mma_probe [--seed N]\n");
             return 2;
         }
