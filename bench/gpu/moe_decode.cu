@@ -308,8 +308,11 @@ int main(int argc, char **argv)
     TRYE(cu_mm_init(&err), err);
     int prio_lo = 0, prio_hi = 0;
     BENCH_CK(cudaDeviceGetStreamPriorityRange(&prio_lo, &prio_hi));
+    /* --prio: the main stream's and the shared-expert stream's priorities */
+    const int prio_main = o.prio == 1 ? prio_hi : o.prio == 2 ? prio_lo : 0;
+    const int prio_shared = o.prio == 1 ? prio_lo : o.prio == 2 ? prio_hi : 0;
     cudaStream_t s;
-    BENCH_CK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, o.prio == 1 ? prio_hi : o.prio == 2 ? prio_lo : 0));
+    BENCH_CK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, prio_main));
     const unsigned long long gflags = o.prio ? cudaGraphInstantiateFlagUseNodePriority : 0;
     cudaDeviceProp prop;
     BENCH_CK(cudaGetDeviceProperties(&prop, 0));
@@ -444,8 +447,7 @@ int main(int argc, char **argv)
     BENCH_CK(cudaMalloc(&ws.g_count, (size_t)G * 4));
     BENCH_CK(cudaMalloc(&ws.perm, (size_t)S * 4));
     ws.s = s;
-    BENCH_CK(cudaStreamCreateWithPriority(&ws.s2, cudaStreamNonBlocking,
-                                          o.prio == 1 ? prio_lo : o.prio == 2 ? prio_hi : 0));
+    BENCH_CK(cudaStreamCreateWithPriority(&ws.s2, cudaStreamNonBlocking, prio_shared));
     BENCH_CK(cudaEventCreateWithFlags(&ws.ev_fork, cudaEventDisableTiming));
     BENCH_CK(cudaEventCreateWithFlags(&ws.ev_join, cudaEventDisableTiming));
     float *sgb;
