@@ -30,8 +30,7 @@
  * - the decode kernel (k_dec) against the general kernel (kernels=generic), bit for bit, for
  *   fp16/bf16, prepared/raw, direct/grouped, graphs, TP slices, on a shape where every routed
  *   projection takes it, and against ref;
- * - prefill-sized calls (the BF16 router and shared expert on k_wgp with FP16 inputs, on k_gemm
- *   with BF16 inputs; the NVFP4 projections
+ * - prefill-sized calls (the BF16 router and shared expert on k_gemm, the NVFP4 projections
  *   with one warp per row tile) against decode-sized calls of the same tokens, bit for bit,
  *   and against ref; kernels=generic (k_mm, which at hidden 2048 stages K in two halves)
  *   against the default kernels on every fixture (fp16, and bf16 on two TP ranks);
@@ -327,7 +326,7 @@ static const exact_pair exact_pairs[] = {
     {"cuda:act_dtype=fp16", "cuda:act_dtype=fp16,graphs=on", false},
     {"cuda:act_dtype=bf16,moe_dispatch=grouped", "cuda:act_dtype=bf16,moe_dispatch=grouped,graphs=on", false},
     {"cuda:act_dtype=fp32", "cuda:act_dtype=fp32,graphs=on", false},
-    /* prefill-sized BF16 router and shared expert on k_wgp (fp16) / k_gemm (bf16) against k_mm */
+    /* prefill-sized BF16 router and shared expert on k_gemm against k_mm */
     {"cuda:act_dtype=fp16", "cuda:act_dtype=fp16,kernels=generic", false},
     {"cuda:act_dtype=bf16,tp_size=2,tp_rank=all", "cuda:act_dtype=bf16,tp_size=2,tp_rank=all,kernels=generic", false},
 };
@@ -537,9 +536,7 @@ static void cuda_decode_kernel(void **state)
 }
 
 /* Prefill-sized calls take other paths than decode-sized ones (the BF16 router and shared
- * expert with FP16 inputs on k_wgp, wgmma over 64 rows by 64 tokens per block, the inputs split
- * into hi and lo in a ring of stages; with BF16 inputs on k_gemm, 32 tokens per block with the
- * inputs staged chunk by chunk; with
+ * expert on k_gemm, 32 tokens per block with the inputs staged chunk by chunk; with
  * kernels=generic on k_mm, which with FP16 inputs at this K stages its rows in two halves of K,
  * one after the other; the NVFP4 experts with a row tile's chunks on one warp instead of
  * several), which by the numerics contract give the same bits. Hidden 2048 (64 steps in 8
