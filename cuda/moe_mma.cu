@@ -727,7 +727,8 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 :
 /* 32-bit words of one copy (hi, or lo) of a staged chunk for GM_NT * 8 rows */
 static int64_t gm_copy_words(const mm_geo &g) { return (int64_t)GM_NT * 8 * xs_words(g.chunk); }
 
-/* The chunk [k0, k1) of the block's rows (t0 + j, j < count; zero beyond count or in_cols) as
+/* The chunk [k0, k1) of the block's rows (slot t0 + j reads input row t0 + j: cu_mm sends only
+ * calls with in_div 1 here; j < count; zero beyond count or in_cols) as
  * GM_U 16-byte loads per thread into q4. */
 __device__ __forceinline__ void gm_fetch(const mm_args &a, int64_t t0, int count, int k0, int k1, uint4 q4[GM_U])
 {
@@ -1551,7 +1552,7 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     dim3 grid((unsigned)((RT + rpb - 1) / rpb), (unsigned)c->max_groups);
     if (dec_fits(&c->W, c->generic, a.xrows))
         return launch_dec_pick(a, WK, c->act, a.geo.chunk == 10, s, err);
-    if (WK == 2 && !a.split && !c->perm && !c->ids && !c->generic && a.geo.chunk <= GM_CHUNK) {
+    if (WK == 2 && !a.split && !c->perm && !c->ids && c->in_div == 1 && !c->generic && a.geo.chunk <= GM_CHUNK) {
         bool use = false;
         const td_status st = gemm_fills(a, &use, err);
         if (st) return st;
