@@ -266,8 +266,10 @@ $(GPU_OUT)/tests/%: $(GPU_OUT)/tests/%.o $(GPU_LIB_OBJ) $(CUDA_OBJ)
 
 # GPU benches (bench/gpu/*.cu) call the cuda/ launchers directly; cuBLAS, their baseline, is
 # opened at run time (dlopen), so the bundle stays small and the build needs no cuBLAS.
-# bench/gpu/mma_probe.cu tries the warpgroup MMA (wgmma), which only the sm_90a target has
+# bench/gpu/mma_probe.cu and cuda/moe_mma.cu (k_wgp) use the warpgroup MMA (wgmma), which only
+# the sm_90a target has
 $(GPU_OUT)/bench/mma_probe.o: NVCC_ARCH = -gencode arch=compute_90a,code=sm_90a
+$(GPU_OUT)/cuda/moe_mma.o: NVCC_ARCH = -gencode arch=compute_90a,code=sm_90a
 $(GPU_OUT)/bench/%.o: bench/gpu/%.cu | deps
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $<")

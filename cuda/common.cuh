@@ -86,6 +86,16 @@ __device__ __forceinline__ void cu_mbar_init(uint64_t *bar)
 {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(cu_smem_addr(bar)) : "memory");
 }
+/* An mbarrier whose phase completes after n arrivals (cu_mbar_arrive, or cu_mbar_expect,
+ * which arrives once) and the bytes announced by cu_mbar_expect. */
+__device__ __forceinline__ void cu_mbar_init_n(uint64_t *bar, uint32_t n)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(cu_smem_addr(bar)), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cu_mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ void cu_mbar_init_fence(void)
 {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -99,6 +109,18 @@ __device__ __forceinline__ void cu_bulk_copy(uint32_t dst, const void *src, uint
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                  "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
+}
+/* 16 bytes from global to shared memory without registers (cp.async): src_bytes 16, or 0 to
+ * write zeros (src must still be a valid address). */
+__device__ __forceinline__ void cu_cp_async16(uint32_t dst, const void *src, uint32_t src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+/* One arrival on the mbarrier once all of this thread's earlier cp.async copies have landed
+ * (counted in the barrier's arrivals: init it with one per arriving thread). */
+__device__ __forceinline__ void cu_cp_async_arrive(uint32_t bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void cu_mbar_wait(uint32_t bar, uint32_t phase)
 {

@@ -5,6 +5,7 @@
  */
 #include "moe_mma.cuh"
 #include "nvfp4_layout.h"
+#include "wgmma.cuh"
 
 #include <stdio.h>
 #include <string.h>
@@ -310,6 +311,19 @@ struct mm_args {
 /* The four words (column pairs) of a 16-byte load of input row columns at d[0], d[4], d[8],
  * d[12]; with SPLIT (FP16 inputs for BF16 weights) their exact BF16 hi / lo split, hi there and
  * lo at the same offsets + copy. */
+/* The exact BF16 split of two FP16 values (one 32-bit word): hi = bf16(x), lo = bf16(x - hi). */
+__device__ __forceinline__ void split_hi_lo(uint32_t w, uint32_t &uh, uint32_t &ul)
+{
+    __half2 h;
+    memcpy(&h, &w, 4);
+    const float2 f = __half22float2(h);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(f.x, f.y);
+    const float2 hf = __bfloat1622float2(hi);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(__fsub_rn(f.x, hf.x), __fsub_rn(f.y, hf.y));
+    memcpy(&uh, &hi, 4);
+    memcpy(&ul, &lo, 4);
+}
+
 template <bool SPLIT>
 __device__ __forceinline__ void store_x4(uint4 q, uint32_t *d, int copy)
 {
@@ -320,15 +334,8 @@ __device__ __forceinline__ void store_x4(uint4 q, uint32_t *d, int copy)
         if (!SPLIT) {
             d[i * 4] = w;
         } else {
-            __half2 h;
-            memcpy(&h, &w, 4);
-            const float2 f = __half22float2(h);
-            const __nv_bfloat162 hi = __floats2bfloat162_rn(f.x, f.y);
-            const float2 hf = __bfloat1622float2(hi);
-            const __nv_bfloat162 lo = __floats2bfloat162_rn(__fsub_rn(f.x, hf.x), __fsub_rn(f.y, hf.y));
             uint32_t uh, ul;
-            memcpy(&uh, &hi, 4);
-            memcpy(&ul, &lo, 4);
+            split_hi_lo(w, uh, ul);
             d[i * 4] = uh;
             d[copy + i * 4] = ul;
         }
@@ -838,6 +845,227 @@ __global__ void __launch_bounds__(GM_WARPS * 32, 2) k_gemm(mm_args a)
     if (live) mm_epilogue<GM_NT>(c, rt, count, nullptr, t0, lane, ntn, v);
 }
 
+/* ==== the prefill GEMM of BF16 matrices on warpgroup MMA ========================================
+ *
+ * k_wgp: prefill-sized calls of BF16 matrices with range groups and FP16 inputs (the router and
+ * the shared expert at 256 tokens or more) on Hopper's warpgroup MMA. A block covers WG * 64 rows
+ * (WG consumer warpgroups, one or two) by WP_NT * 8 = 64 tokens with three roles:
+ * - warps 0..4 WG - 1, the consumers: per stage, wait for `full`, load each 16-column block's A
+ *   fragments (the weights in the device layout: mma.sync's A fragment is wgmma's register A)
+ *   from shared memory, issue one m64n64k16 on the hi plane and one on the lo plane into the
+ *   chunk's accumulator, and give the previous stage back (`empty`) once the wgmmas that read it
+ *   have completed (two sets of A registers: one stage's are still read while the next stage's
+ *   load). Both warpgroups read the same input planes: the second halves the input bytes per
+ *   product that a block moves from L2;
+ * - warp 4 WG, the issuer: once a slot is empty, the row tiles' weights of the stage by bulk
+ *   copies (one per tile, completing on `full`) and the 64 tokens' input columns by cp.async into
+ *   the hi plane as wgmma's B operand (8 x 8 core matrices without swizzle: 16-column block kb at
+ *   kb * 2048 bytes, 8-token block j at j * WG_SBO, K half at WG_LBO), completing on `landed`;
+ *   up to WP_STAGES stages ahead;
+ * - the three warps after it, the converters: once a stage has landed, each FP16 piece is split
+ *   into its exact BF16 hi (in place) and lo (the lo plane), then the stage is `full`.
+ * Every consumer and converter thread arrives on the mbarriers itself, after its own accesses
+ * to the stage (not one lane for its warp after __syncwarp): each thread's reads and writes are
+ * then ordered before the stage's next writes by its own arrival, which is also what
+ * compute-sanitizer's racecheck tracks.
+ * Per output element the sequence is k_mm's (each chunk from +0, blocks ascending, hi then lo,
+ * the chunk sums added in chunk order) and wgmma's sums are mma.sync's (bench/gpu/mma_probe),
+ * so the bits are the same; `kernels=generic` (k_mm) is the exact pair that checks it. The
+ * accumulators are mma.sync's C fragments of the warp's row tile for the 8 token tiles, so
+ * the epilogue is k_mm's. Needs sm_90a (wgmma); K cut into chunks of an even number of steps.
+ * BF16 inputs stay on k_gemm: without the hi / lo split this kernel was not faster there. */
+#define WP_NT 8
+#define WP_SS 2
+#define WP_STAGES 4
+/* a stage's weights: 1 KiB per row tile and step, 4 WG row tiles */
+__host__ __device__ constexpr int wp_wbytes(int wg) { return 4 * wg * WP_SS * 1024; }
+#define WP_XBYTES (WP_NT * 8 * WP_SS * 64)    /* a stage's inputs, one plane: 64 bytes per token and step */
+/* consumers (4 WG warps), the issuer and 3 converters */
+__host__ __device__ constexpr int wp_threads(int wg) { return (4 * wg + 4) * 32; }
+#define WP_CONV 3
+
+__host__ __device__ constexpr int wp_stage_bytes(int act, int wg)
+{
+    return wp_wbytes(wg) + WP_XBYTES * (act == 1 ? 2 : 1);
+}
+
+/* One consumer stage: wait until stage `slot` is full, load the warp's A fragments of its
+ * WP_SS steps into A (not the registers the previous stage's wgmmas still read), issue the
+ * wgmmas (per 16-column block: hi, then lo for FP16 inputs) into p, and give the previous
+ * stage back once its wgmmas are done. */
+template <int ACT, int WG>
+__device__ __forceinline__ void wp_step(uint32_t sbase, const uint4 *raw, uint64_t *full, uint64_t *empty, int slot,
+                                        int s, int lane, int warp, int prev, uint32_t (&A)[2 * WP_SS][4],
+                                        float (&p)[32])
+{
+    constexpr int STAGE = wp_stage_bytes(ACT, WG);
+    const uint32_t st = sbase + (uint32_t)(slot * STAGE);
+    cu_mbar_wait(cu_smem_addr(&full[slot]), (s / WP_STAGES) & 1);
+#pragma unroll
+    for (int kb = 0; kb < 2 * WP_SS; kb++) {
+        const uint4 w4 = *reinterpret_cast<const uint4 *>(reinterpret_cast<const uint8_t *>(raw) + slot * STAGE +
+                                                          warp * WP_SS * 1024 + (kb >> 1) * 1024 + lane * 32 +
+                                                          (kb & 1) * 16);
+        A[kb][0] = w4.x;
+        A[kb][1] = w4.y;
+        A[kb][2] = w4.z;
+        A[kb][3] = w4.w;
+    }
+#pragma unroll
+    for (int i = 0; i < 32; i++) reg_fence(p[i]);
+    wg_fence();
+#pragma unroll
+    for (int kb = 0; kb < 2 * WP_SS; kb++) {
+        const uint32_t xb = st + wp_wbytes(WG) + (uint32_t)(kb * 2048);
+        wg_mma_n64(p, A[kb], wg_desc(xb, WG_LBO, WG_SBO));
+        if (ACT == 1) wg_mma_n64(p, A[kb], wg_desc(xb + WP_XBYTES, WG_LBO, WG_SBO));
+    }
+    wg_commit();
+    wg_wait<1>();
+#pragma unroll
+    for (int i = 0; i < 32; i++) reg_fence(p[i]);
+    if (prev >= 0) cu_mbar_arrive(cu_smem_addr(&empty[prev]));
+}
+
+template <int ACT, int WG>
+__global__ void __launch_bounds__(wp_threads(WG), WG == 1 ? 2 : 1) k_wgp(mm_args a)
+{
+    extern __shared__ __align__(128) uint4 wp_raw[];
+    __shared__ __align__(8) uint64_t full[WP_STAGES], empty[WP_STAGES], landed[WP_STAGES];
+    constexpr bool SPLIT = ACT == 1;
+    constexpr int STAGE = wp_stage_bytes(ACT, WG), TILES = 4 * WG, WBYTES = wp_wbytes(WG);
+    constexpr int ISSUER = 4 * WG; /* the issuing warp; the converters follow it */
+    const cu_mm_call &c = a.c;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int NC = a.geo.NC, chunk = a.geo.chunk, KS = a.geo.KS;
+    const int64_t RT = c.W.R / 16, rt0 = (int64_t)blockIdx.x * TILES;
+    const int64_t t0 = (int64_t)blockIdx.y * WP_NT * 8;
+    const int count = (int)(c.nslots - t0 < WP_NT * 8 ? c.nslots - t0 : WP_NT * 8);
+    const int nst = (KS + WP_SS - 1) / WP_SS; /* stages of the whole K (chunk % WP_SS == 0) */
+    const uint32_t sbase = cu_smem_addr(wp_raw);
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < WP_STAGES; i++) {
+            cu_mbar_init_n(&full[i], WP_CONV * 32 + 1); /* the converters' threads, the copies' expect */
+            cu_mbar_init_n(&empty[i], TILES * 32);     /* the consumers' threads */
+            cu_mbar_init_n(&landed[i], 32);  /* the issuing warp's lanes, once their copies land */
+        }
+        cu_mbar_init_fence();
+    }
+    __syncthreads();
+    cu_pdl_wait();
+    cu_pdl_release();
+    /* 64 tokens x WP_SS * 4 pieces of 8 columns per stage: piece p of token n (8-token block jn,
+     * n8 in it) lands at (p / 2) * 2048 + jn * WG_SBO + (p % 2) * WG_LBO + n8 * 16 of the hi
+     * plane; eight consecutive pieces are 128 contiguous bytes */
+    constexpr int PIECES = WP_NT * 8 * WP_SS * 4;
+    if (warp == ISSUER) {
+        /* the issuing warp: once the consumers gave stage s's slot back, the weights of its four
+         * row tiles by bulk copies (completing on `full`) and the input pieces by cp.async into
+         * the hi plane (completing on `landed`), up to WP_STAGES stages ahead */
+        const int live_tiles = (int)(RT - rt0 < TILES ? RT - rt0 : TILES);
+        const int valid = (int)(c.in_cols / 8);
+        const uint8_t *wsrc = c.W.w + c.mat_off * c.W.mat_w;
+        /* lane l copies pieces l + 32 i: token jn * 8 + l % 8 (jn = i / (WP_SS * 4 / 4)), pieces
+         * l / 8 + 4 k of it; its eight input rows, computed once (NULL: past the block's tokens) */
+        const int n8 = lane & 7;
+        const uint16_t *rows[WP_NT];
+#pragma unroll
+        for (int jn = 0; jn < WP_NT; jn++) {
+            const int tok = jn * 8 + n8;
+            rows[jn] = tok < count ? c.in16 + ((t0 + tok) / c.in_div) * c.in_ld : nullptr;
+        }
+        for (int s = 0; s < nst; s++) {
+            const int slot = s % WP_STAGES;
+            const uint32_t st = sbase + (uint32_t)(slot * STAGE);
+            cu_mbar_wait(cu_smem_addr(&empty[slot]), ((s / WP_STAGES) & 1) ^ 1);
+            if (lane == 0) {
+                const uint32_t fb = cu_smem_addr(&full[slot]);
+                cu_mbar_expect(fb, (uint32_t)(live_tiles * WP_SS * 1024));
+                for (int w = 0; w < live_tiles; w++)
+                    cu_bulk_copy(st + (uint32_t)(w * WP_SS * 1024), wsrc + ((rt0 + w) * KS + (int64_t)s * WP_SS) * 1024,
+                                 WP_SS * 1024, fb);
+            }
+#pragma unroll
+            for (int i = 0; i < PIECES / 32; i++) {
+                const int p = (lane >> 3) + 4 * (i % (WP_SS * 4 / 4)), jn = i / (WP_SS * 4 / 4);
+                const int v = s * WP_SS * 4 + p;
+                const bool ok = rows[jn] != nullptr && v < valid;
+                cu_cp_async16(st + WBYTES + (uint32_t)((p >> 1) * 2048 + jn * WG_SBO + (p & 1) * WG_LBO + n8 * 16),
+                              ok ? rows[jn] + (int64_t)v * 8 : c.in16, ok ? 16u : 0u);
+            }
+            cu_cp_async_arrive(cu_smem_addr(&landed[slot]));
+        }
+        return;
+    }
+    if (warp > ISSUER) {
+        /* the converting warps: once a stage's pieces have landed, FP16 inputs are split into
+         * hi (in place) and lo; then the stage is full for the consumers (with its weights) */
+        const int tid = (int)threadIdx.x - (ISSUER + 1) * 32;
+        for (int s = 0; s < nst; s++) {
+            const int slot = s % WP_STAGES;
+            cu_mbar_wait(cu_smem_addr(&landed[slot]), (s / WP_STAGES) & 1);
+            if (SPLIT) {
+                /* every load first, then the splits: the loads' latency paid once per stage */
+                constexpr int UC = (PIECES + WP_CONV * 32 - 1) / (WP_CONV * 32);
+                uint4 q[UC];
+                uint8_t *dp[UC];
+#pragma unroll
+                for (int u = 0; u < UC; u++) {
+                    const int idx = tid + u * WP_CONV * 32;
+                    const int n8 = idx & 7, p = (idx >> 3) & (WP_SS * 4 - 1), jn = idx / (8 * WP_SS * 4);
+                    dp[u] = reinterpret_cast<uint8_t *>(wp_raw) + slot * STAGE + WBYTES + (p >> 1) * 2048 +
+                            jn * WG_SBO + (p & 1) * WG_LBO + n8 * 16;
+                    if (idx < PIECES) q[u] = *reinterpret_cast<const uint4 *>(dp[u]);
+                }
+#pragma unroll
+                for (int u = 0; u < UC; u++) {
+                    if (tid + u * WP_CONV * 32 >= PIECES) break;
+                    uint4 h, l;
+                    split_hi_lo(q[u].x, h.x, l.x);
+                    split_hi_lo(q[u].y, h.y, l.y);
+                    split_hi_lo(q[u].z, h.z, l.z);
+                    split_hi_lo(q[u].w, h.w, l.w);
+                    *reinterpret_cast<uint4 *>(dp[u]) = h;
+                    *reinterpret_cast<uint4 *>(dp[u] + WP_XBYTES) = l;
+                }
+            }
+            fence_async_smem();
+            cu_mbar_arrive(cu_smem_addr(&full[slot]));
+        }
+        return;
+    }
+    /* consumers */
+    const int64_t rt = rt0 + warp;
+    float v[32], p[32];
+    uint32_t A0[2 * WP_SS][4], A1[2 * WP_SS][4]; /* two stages' A fragments: one in flight */
+    int s = 0;
+    for (int ch = 0; ch < NC; ch++) {
+        const int k0 = ch * chunk, k1 = k0 + chunk < KS ? k0 + chunk : KS;
+#pragma unroll
+        for (int i = 0; i < 32; i++) p[i] = 0.0f;
+        int prev = -1;
+        for (int k = k0; k < k1; k += WP_SS, s++) {
+            const int slot = s % WP_STAGES;
+            if (s & 1) wp_step<ACT, WG>(sbase, wp_raw, full, empty, slot, s, lane, warp, prev, A1, p);
+            else wp_step<ACT, WG>(sbase, wp_raw, full, empty, slot, s, lane, warp, prev, A0, p);
+            prev = slot;
+        }
+        wg_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; i++) reg_fence(p[i]);
+        if (prev >= 0) cu_mbar_arrive(cu_smem_addr(&empty[prev]));
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = ch == 0 ? p[i] : __fadd_rn(v[i], p[i]);
+    }
+    if (rt >= RT) return;
+    float vv[WP_NT][4];
+#pragma unroll
+    for (int nt = 0; nt < WP_NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) vv[nt][e] = v[4 * nt + e];
+    mm_epilogue<WP_NT>(c, rt, count, nullptr, t0, lane, (count + 7) / 8, vv);
+}
+
 /* ==== the decode kernel =========================================================================
  *
  * k_dec: k_mm's arithmetic for NT 8-token tiles (one, two or three) and chunks of exactly CH
@@ -1335,6 +1563,13 @@ static cudaError_t set_smem_limit(void)
     return cudaFuncSetAttribute(k_mm<WK, ACT, NTMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX);
 }
 
+template <int WG>
+static cudaError_t set_wgp_smem(void)
+{
+    return cudaFuncSetAttribute(k_wgp<1, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                WP_STAGES * wp_stage_bytes(1, WG));
+}
+
 template <int WK, int ACT, int CH>
 static cudaError_t set_dec_smem(void)
 {
@@ -1371,6 +1606,8 @@ td_status cu_mm_init(td_err *err)
     TD_CU_TRY(err, cudaFuncSetAttribute(k_group, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
     TD_CU_TRY(err, cudaFuncSetAttribute(k_gemm<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 / 2 - 1024));
     TD_CU_TRY(err, cudaFuncSetAttribute(k_gemm<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 / 2 - 1024));
+    TD_CU_TRY(err, set_wgp_smem<1>());
+    TD_CU_TRY(err, set_wgp_smem<2>());
     return TD_OK;
 }
 
@@ -1521,6 +1758,29 @@ static td_status launch_gemm(const mm_args &a, cudaStream_t s, td_err *err)
     return TD_OK;
 }
 
+/* k_wgp over the call's slots (range groups on one matrix, FP16 inputs): WG * 64 rows by WP_NT * 8
+ * tokens per block. Two consumer warpgroups (128 rows, one block per SM) where their grid leaves
+ * at most a tenth of the SMs without a block (at M = 784 the shared expert's W13, 130 blocks, and
+ * W2, 260); one (64 rows, two blocks per SM) otherwise, e.g. the router's 513 rows (65 blocks of
+ * 128 rows). Measured at M = 784 (ncu, docs/perf.md): shared W13 58.5 -> 48.1 us with two, the
+ * router 33.3 -> 41.2 us. The rows of a block change no bit (each output's sequence is its own). */
+static td_status launch_wgp(const mm_args &a, cudaStream_t s, td_err *err)
+{
+    if (a.c.act != 1) return td_err_set(err, TD_ERR_UNSUPPORTED, "cuda moe: k_wgp takes FP16 inputs only");
+    const int64_t RT = a.c.W.R / 16, TB = (a.c.nslots + WP_NT * 8 - 1) / (WP_NT * 8);
+    if (TB > 65535) return td_err_set(err, TD_ERR_RANGE, "cuda moe: %lld tokens in one launch", (long long)a.c.nslots);
+    int dev = 0, sms = 0;
+    TD_CU_TRY(err, cudaGetDevice(&dev));
+    TD_CU_TRY(err, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int wg = (RT + 7) / 8 * TB * 10 >= (int64_t)sms * 9 ? 2 : 1;
+    const dim3 grid((unsigned)((RT + 4 * wg - 1) / (4 * wg)), (unsigned)TB);
+    const size_t smem = (size_t)WP_STAGES * wp_stage_bytes(1, wg);
+    if (wg == 2) TD_CU_TRY(err, cu_launch(k_wgp<1, 2>, grid, dim3(wp_threads(2)), smem, s, a.c.pdl != 0, a));
+    else TD_CU_TRY(err, cu_launch(k_wgp<1, 1>, grid, dim3(wp_threads(1)), smem, s, a.c.pdl != 0, a));
+    TD_CU_LAUNCHED(err, "k_wgp");
+    return TD_OK;
+}
+
 td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
 {
     if (c->max_groups <= 0) return TD_OK;
@@ -1552,6 +1812,11 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     dim3 grid((unsigned)((RT + rpb - 1) / rpb), (unsigned)c->max_groups);
     if (dec_fits(&c->W, c->generic, a.xrows))
         return launch_dec_pick(a, WK, c->act, a.geo.chunk == 10, s, err);
+    /* k_wgp: FP16 inputs only. With BF16 inputs (no hi / lo split, half the products) k_gemm
+     * was as fast or faster (docs/perf.md, "The BF16 GEMMs on warpgroup MMA") */
+    if (WK == 2 && c->act == 1 && !a.split && !c->perm && !c->ids && !c->generic && a.geo.chunk % WP_SS == 0 &&
+        a.geo.KS % WP_SS == 0)
+        return launch_wgp(a, s, err);
     if (WK == 2 && !a.split && !c->perm && !c->ids && c->in_div == 1 && !c->generic && a.geo.chunk <= GM_CHUNK) {
         bool use = false;
         const td_status st = gemm_fills(a, &use, err);

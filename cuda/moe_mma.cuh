@@ -62,10 +62,12 @@
  * warps for one 8-token tile, 16 for two or three) and take contiguous ranges of (group, one
  * row tile per warp) items. With `pdl` a launch may start while the previous kernel runs (W2
  * loads its weights while W13 computes). Prefill-sized calls of BF16 matrices with range
- * groups (the shared expert; the router too where its grid has a block for every SM) run on
- * k_gemm: blocks of 8 row tiles by 32 tokens, the tokens' input rows staged one K chunk at a
- * time, the same sums in the same order. `generic` keeps every call on k_mm, so the kernels
- * can be compared.
+ * groups (the router and the shared expert) run on k_wgp with FP16 inputs (sm_90a's warpgroup
+ * MMA, 64 or 128 rows by 64 tokens per block: an issuer warp copies weights and inputs into a
+ * ring of stages, converter warps split the inputs into hi and lo, one or two consumer
+ * warpgroups issue the wgmmas; the same sums in the same order) and on k_gemm with BF16 inputs (blocks of 8 row
+ * tiles by 32 tokens, the tokens' input rows staged one K chunk at a time, where its grid has a
+ * block for every SM). `generic` keeps every call on k_mm, so the kernels can be compared.
  *
  * Groups: a group is one expert (matrix) and up to `pack` slots. Direct dispatch: group g is
  * slot g alone. Grouped dispatch: cu_mm_group() sorts slots by expert (ascending expert,

@@ -67,9 +67,10 @@ sanitize)
   # hidden 320 / inter 160: chunks of 10 and 5 steps, so W13 and W2 run on the decode kernel
   # (one, two and three 8-token tiles at M = 1, 9 and 300) and the grouping kernel on 3,000 slots
   t racecheck compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,300 --iters 2 --sets 1 --act fp16 --dispatch grouped
-  # 300 tokens, hidden 512, shared expert 2048: its W13 (4,096 rows: 320 blocks) runs on k_gemm,
-  # its W2 (K = 2048, FP16 inputs staged hi and lo: 133 KB for 16 rows) on k_mm with K in two
-  # halves; the same under memcheck
+  # 300 tokens, hidden 512, shared expert 2048, FP16 inputs: router, shared W13 and W2 run on
+  # k_wgp (wgmma; issuer, converter and consumer warps on mbarriers, the ring wrapping several
+  # times; the shared W13's 160 blocks of 128 rows with two consumer warpgroups, the router and
+  # W2 with one); the same under memcheck
   t racecheck_parts compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 16 --hidden 512 --inter 64 --shared 2048 --topk 4 --M 300 --iters 1 --sets 1 --act fp16
   t memcheck_parts compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 16 --hidden 512 --inter 64 --shared 2048 --topk 4 --M 300 --iters 1 --sets 1 --act fp16 ;;
 kernels)

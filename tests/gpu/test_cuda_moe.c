@@ -30,7 +30,8 @@
  * - the decode kernel (k_dec) against the general kernel (kernels=generic), bit for bit, for
  *   fp16/bf16, prepared/raw, direct/grouped, graphs, TP slices, on a shape where every routed
  *   projection takes it, and against ref;
- * - prefill-sized calls (the BF16 router and shared expert on k_gemm, the NVFP4 projections
+ * - prefill-sized calls (the BF16 router and shared expert on k_wgp with FP16 inputs, on k_gemm
+ *   with BF16 inputs; the NVFP4 projections
  *   with one warp per row tile) against decode-sized calls of the same tokens, bit for bit,
  *   and against ref; kernels=generic (k_mm, which at hidden 2048 stages K in two halves)
  *   against the default kernels on every fixture (fp16, and bf16 on two TP ranks);
@@ -326,7 +327,7 @@ static const exact_pair exact_pairs[] = {
     {"cuda:act_dtype=fp16", "cuda:act_dtype=fp16,graphs=on", false},
     {"cuda:act_dtype=bf16,moe_dispatch=grouped", "cuda:act_dtype=bf16,moe_dispatch=grouped,graphs=on", false},
     {"cuda:act_dtype=fp32", "cuda:act_dtype=fp32,graphs=on", false},
-    /* prefill-sized BF16 router and shared expert on k_gemm against k_mm */
+    /* prefill-sized BF16 router and shared expert on k_wgp (fp16) / k_gemm (bf16) against k_mm */
     {"cuda:act_dtype=fp16", "cuda:act_dtype=fp16,kernels=generic", false},
     {"cuda:act_dtype=bf16,tp_size=2,tp_rank=all", "cuda:act_dtype=bf16,tp_size=2,tp_rank=all,kernels=generic", false},
 };
@@ -536,14 +537,18 @@ static void cuda_decode_kernel(void **state)
 }
 
 /* Prefill-sized calls take other paths than decode-sized ones (the BF16 router and shared
- * expert on k_gemm, 32 tokens per block with the inputs staged chunk by chunk; with
+ * expert with FP16 inputs on k_wgp, wgmma over 64 or 128 rows by 64 tokens per block, the
+ * inputs split into hi and lo in a ring of stages; with BF16 inputs on k_gemm, 32 tokens per
+ * block with the inputs staged chunk by chunk; with
  * kernels=generic on k_mm, which with FP16 inputs at this K stages its rows in two halves of K,
  * one after the other; the NVFP4 experts with a row tile's chunks on one warp instead of
  * several), which by the numerics contract give the same bits. Hidden 2048 (64 steps in 8
  * chunks of 8: k_mm's staged rows of 16 tokens would take 133 KB, so they are staged in
  * halves), BF16 shared expert: a 300-token call against the ref bound; its first and last 5
  * tokens bit for bit (outputs and top-k ids) against calls of those 5 tokens alone; and
- * calls of 300 and 37 tokens against kernels=generic. */
+ * calls of 300, 37 and 1,600 tokens against kernels=generic (at 1,600 tokens the shared
+ * expert's W2, 2,048 rows, has 400 blocks of 128 rows: k_wgp's two-warpgroup blocks on any GPU
+ * of up to 444 SMs; the router and the shared W13 keep blocks of 64 rows). */
 static void cuda_prefill_parts(void **state)
 {
     (void)state;
@@ -554,7 +559,7 @@ static void cuda_prefill_parts(void **state)
     const char *dir = fixture_or_skip("gpu_parts", &o, &m);
     static const char *const v = "cuda:act_dtype=fp16";
     compare(dir, "ref:scale=fp16,act_dtype=fp16", v, 4e-3, 0, 300, -1, "parts");
-    static const exact_call seq[] = {{300, -1, 2901}, {37, -1, 2902}, {300, 5, 2903}};
+    static const exact_call seq[] = {{300, -1, 2901}, {37, -1, 2902}, {300, 5, 2903}, {1600, -1, 2904}};
     exact_seq(dir, v, "cuda:act_dtype=fp16,kernels=generic", 0, seq, TD_ARRAY_LEN(seq), "parts");
     exact_seq(dir, "cuda:act_dtype=bf16", "cuda:act_dtype=bf16,kernels=generic", 0, seq, TD_ARRAY_LEN(seq), "parts");
     const int64_t H = o.hidden, k = o.top_k, M = 300, m5 = 5;
