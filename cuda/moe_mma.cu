@@ -1394,11 +1394,15 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
     for (int it = it0; it < it1; it++) {
         const int rt = cur.tb * DW + warp;
         const bool live = rt < RT;
+        /* the chunk sums added in chunk order from -0: -0 + x is x bit for bit (signed zeros,
+         * subnormals and infinities included; a NaN stays a NaN and the epilogue's scaling
+         * below makes every NaN the same), so the first chunk's sum is taken as it is without
+         * a select per element, which cost a register move per element and chunk */
         float v[DEC_NA][4];
 #pragma unroll
         for (int nt = 0; nt < DEC_NA; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) v[nt][e] = 0.0f;
+            for (int e = 0; e < 4; e++) v[nt][e] = -0.0f;
         for (int ch = 0; ch < NC; ch++) {
             if (live) {
                 cu_mbar_wait(bar_s + slot * 8, phases >> slot & 1u);
@@ -1414,7 +1418,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) v[nt][e] = ch == 0 ? p[nt][e] : __fadd_rn(v[nt][e], p[nt][e]);
+                    for (int e = 0; e < 4; e++) v[nt][e] = __fadd_rn(v[nt][e], p[nt][e]);
             }
             __syncwarp(); /* every lane is done with this buffer before it is refilled */
             /* refill this buffer with the chunk DEC_STAGES ahead */
