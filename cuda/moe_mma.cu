@@ -308,9 +308,6 @@ struct mm_args {
  * and u = w % 8: lane quad q then finds the four words it needs (columns 2q and 2q+8 of both
  * blocks) side by side, so one 16-byte load fetches them. */
 
-/* The four words (column pairs) of a 16-byte load of input row columns at d[0], d[4], d[8],
- * d[12]; with SPLIT (FP16 inputs for BF16 weights) their exact BF16 hi / lo split, hi there and
- * lo at the same offsets + copy. */
 /* The exact BF16 split of two FP16 values (one 32-bit word): hi = bf16(x), lo = bf16(x - hi). */
 __device__ __forceinline__ void split_hi_lo(uint32_t w, uint32_t &uh, uint32_t &ul)
 {
@@ -324,6 +321,9 @@ __device__ __forceinline__ void split_hi_lo(uint32_t w, uint32_t &uh, uint32_t &
     memcpy(&ul, &lo, 4);
 }
 
+/* The four words (column pairs) of a 16-byte load of input row columns at d[0], d[4], d[8],
+ * d[12]; with SPLIT (FP16 inputs for BF16 weights) their exact BF16 hi / lo split, hi there and
+ * lo at the same offsets + copy. */
 template <bool SPLIT>
 __device__ __forceinline__ void store_x4(uint4 q, uint32_t *d, int copy)
 {
@@ -1547,6 +1547,14 @@ __global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int
  * (24 staged rows of K = 2560 plus the rings of 16 warps take 221.5 KB). */
 #define DEC_SMEM_MAX (227 * 1024 - 1024)
 
+/* The current device and its SM count. */
+static td_status sm_count(int *dev, int *sms, td_err *err)
+{
+    TD_CU_TRY(err, cudaGetDevice(dev));
+    TD_CU_TRY(err, cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *dev));
+    return TD_OK;
+}
+
 static size_t dec_smem(int rings, int xrows, int64_t xs_w) { return (size_t)rings + (size_t)xrows * (size_t)xs_w * 4; }
 
 /* Whether calls of matrix W with groups of up to xrows slots run on the decode kernel: NVFP4,
@@ -1675,8 +1683,8 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: K = %lld needs %zu bytes of shared memory per block",
                           (long long)a.c.W.K, smem);
     int dev = 0, sms = 0;
-    TD_CU_TRY(err, cudaGetDevice(&dev));
-    TD_CU_TRY(err, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const td_status sst = sm_count(&dev, &sms, err);
+    if (sst) return sst;
     /* blocks per SM: what shared memory allows, at most what the registers were built for */
     int bps = (int)((227 * 1024) / (smem + 1024));
     if (bps > dec_occupancy<NT>::blocks) bps = dec_occupancy<NT>::blocks;
@@ -1741,8 +1749,8 @@ static td_status launch_dec_pick(const mm_args &a, int WK, int act, bool c10, cu
 static td_status gemm_fills(const mm_args &a, bool *use, td_err *err)
 {
     int dev = 0, sms = 0;
-    TD_CU_TRY(err, cudaGetDevice(&dev));
-    TD_CU_TRY(err, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const td_status sst = sm_count(&dev, &sms, err);
+    if (sst) return sst;
     const int64_t RT = a.c.W.R / 16, TB = (a.c.nslots + GM_NT * 8 - 1) / (GM_NT * 8);
     *use = (RT + GM_WARPS - 1) / GM_WARPS * TB >= (int64_t)sms;
     return TD_OK;
@@ -1766,16 +1774,17 @@ static td_status launch_gemm(const mm_args &a, cudaStream_t s, td_err *err)
  * tokens per block. Two consumer warpgroups (128 rows, one block per SM) where their grid leaves
  * at most a tenth of the SMs without a block (at M = 784 the shared expert's W13, 130 blocks, and
  * W2, 260); one (64 rows, two blocks per SM) otherwise, e.g. the router's 513 rows (65 blocks of
- * 128 rows). Measured at M = 784 (ncu, docs/perf.md): shared W13 58.5 -> 48.1 us with two, the
- * router 33.3 -> 41.2 us. The rows of a block change no bit (each output's sequence is its own). */
+ * 128 rows). Measured at M = 784 (ncu, docs/perf.md): the shared W13 takes 58.5 us on one, 48.1 on
+ * two; the router 33.3 on one, 41.2 on two. The rows of a block change no bit (each output's
+ * sequence is its own). */
 static td_status launch_wgp(const mm_args &a, cudaStream_t s, td_err *err)
 {
     if (a.c.act != 1) return td_err_set(err, TD_ERR_UNSUPPORTED, "cuda moe: k_wgp takes FP16 inputs only");
     const int64_t RT = a.c.W.R / 16, TB = (a.c.nslots + WP_NT * 8 - 1) / (WP_NT * 8);
     if (TB > 65535) return td_err_set(err, TD_ERR_RANGE, "cuda moe: %lld tokens in one launch", (long long)a.c.nslots);
     int dev = 0, sms = 0;
-    TD_CU_TRY(err, cudaGetDevice(&dev));
-    TD_CU_TRY(err, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const td_status sst = sm_count(&dev, &sms, err);
+    if (sst) return sst;
     const int wg = (RT + 7) / 8 * TB * 10 >= (int64_t)sms * 9 ? 2 : 1;
     const dim3 grid((unsigned)((RT + 4 * wg - 1) / (4 * wg)), (unsigned)TB);
     const size_t smem = (size_t)WP_STAGES * wp_stage_bytes(1, wg);
