@@ -557,8 +557,10 @@ __device__ __forceinline__ uint32_t bits16(float v, int act)
 
 __device__ __forceinline__ void store16(uint16_t *p, float v, int act) { *p = (uint16_t)bits16(v, act); }
 
-/* Epilogue of one row tile: v[nt][e] final sums (e: 0,1 row g tokens 2q, 2q+1; 2,3 row g+8). */
-template <int NA>
+/* Epilogue of one row tile: v[nt][e] final sums (e: 0,1 row g tokens 2q, 2q+1; 2,3 row g+8).
+ * ACT: the call's act_dtype (c.act), as the kernel's template parameter so that only its
+ * conversions are compiled. */
+template <int NA, int ACT>
 __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int count, const int32_t *plist,
                                             int64_t slot0, int lane, int ntn, const float v[NA][4])
 {
@@ -572,8 +574,9 @@ __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int
         const int64_t r = rt * 16 + 2 * g;
         for (int nt = 0; nt < ntn; nt++)
             for (int t = 0; t < 2; t++) {
-                const uint32_t p0 = bits16(round_act16(v[nt][t], c.act), c.act),
-                               p1 = bits16(round_act16(v[nt][2 + t], c.act), c.act);
+                /* one rounding to act_dtype: bits16 of round_act16(x) is bits16(x), NaNs included
+                 * (a 16-bit value converts back to itself) */
+                const uint32_t p0 = bits16(v[nt][t], ACT), p1 = bits16(v[nt][2 + t], ACT);
                 const uint32_t a0 = __shfl_sync(0xffffffffu, p0, la), a1 = __shfl_sync(0xffffffffu, p1, la);
                 const uint32_t b0 = __shfl_sync(0xffffffffu, p0, lb), b1 = __shfl_sync(0xffffffffu, p1, lb);
                 const int j = nt * 8 + 2 * q + t;
@@ -596,16 +599,16 @@ __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int
                 if (col >= c.out_n) continue;
                 const double d = (double)v[nt][t];
                 const float silu = (float)(d / (1.0 + exp(-d)));
-                const float h = round_act16(__fmul_rn(silu, v[nt][2 + t]), c.act);
+                const float h = round_act16(__fmul_rn(silu, v[nt][2 + t]), ACT);
                 if (c.out) c.out[slot * c.out_ld + col] = h;
-                if (c.out16) store16(c.out16 + slot * c.out_ld + col, h, c.act);
+                if (c.out16) store16(c.out16 + slot * c.out_ld + col, h, ACT);
             } else {
                 for (int hh = 0; hh < 2; hh++) {
                     const int64_t r = rt * 16 + g + 8 * hh;
                     if (r >= c.out_n) continue;
-                    const float x = c.epi == CU_MM_F32 ? v[nt][2 * hh + t] : round_act16(v[nt][2 * hh + t], c.act);
+                    const float x = c.epi == CU_MM_F32 ? v[nt][2 * hh + t] : round_act16(v[nt][2 * hh + t], ACT);
                     if (c.out) c.out[slot * c.out_ld + r] = x;
-                    if (c.out16) store16(c.out16 + slot * c.out_ld + r, x, c.act);
+                    if (c.out16) store16(c.out16 + slot * c.out_ld + r, x, ACT);
                 }
             }
         }
@@ -711,7 +714,7 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 :
     if (WK < 2) /* NVFP4 sums carry the decode's 2^-14: scale back exactly */
         for (int nt = 0; nt < 2; nt++)
             for (int e = 0; e < 4; e++) v[nt][e] = __fmul_rn(v[nt][e], 16384.0f);
-    mm_epilogue<2>(c, rt, count, plist, slot0, lane, ntn, v);
+    mm_epilogue<2, ACT>(c, rt, count, plist, slot0, lane, ntn, v);
 }
 
 /* ==== the prefill GEMM of BF16 matrices =========================================================
@@ -842,7 +845,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32, 2) k_gemm(mm_args a)
         if (next) gm_store<SPLIT>(a, n0, n1, q4, xs + ((ch + 1) & 1) * bufw, copy);
         __syncthreads();
     }
-    if (live) mm_epilogue<GM_NT>(c, rt, count, nullptr, t0, lane, ntn, v);
+    if (live) mm_epilogue<GM_NT, ACT>(c, rt, count, nullptr, t0, lane, ntn, v);
 }
 
 /* ==== the prefill GEMM of BF16 matrices on warpgroup MMA ========================================
@@ -1063,7 +1066,7 @@ __global__ void __launch_bounds__(wp_threads(WG), WG == 1 ? 2 : 1) k_wgp(mm_args
     for (int nt = 0; nt < WP_NT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) vv[nt][e] = v[4 * nt + e];
-    mm_epilogue<WP_NT>(c, rt, count, nullptr, t0, lane, (count + 7) / 8, vv);
+    mm_epilogue<WP_NT, ACT>(c, rt, count, nullptr, t0, lane, (count + 7) / 8, vv);
 }
 
 /* ==== the decode kernel =========================================================================
@@ -1168,6 +1171,7 @@ __device__ __forceinline__ void dec_issue(const uint8_t *gw, const uint8_t *gs, 
 template <int WK, int CH, int DW> struct dec_stream {
     dec_pos pos;
     int it, it1, ch, rt;
+    bool live; /* rt is a row tile of the matrix (not padding): its chunks are issued */
     const uint8_t *gw, *gs;
 
     __device__ __forceinline__ void start(const mm_args &a, const dec_pos &p, int first, int last, int warp)
@@ -1177,6 +1181,7 @@ template <int WK, int CH, int DW> struct dec_stream {
         it1 = last;
         ch = 0;
         rt = pos.tb * DW + warp;
+        live = rt < (int)(a.c.W.R / 16);
         dec_src<WK, CH>(a, pos, rt, gw, gs);
     }
     __device__ __forceinline__ bool more(void) const { return it < it1; }
@@ -1184,7 +1189,7 @@ template <int WK, int CH, int DW> struct dec_stream {
     __device__ __forceinline__ void issue(const mm_args &a, int tbx, int warp, int lane, uint32_t buf, uint32_t bar)
     {
         typedef dec_sizes<WK, CH> Z;
-        if (rt < (int)(a.c.W.R / 16)) dec_issue<WK, CH>(gw, gs, buf, bar, lane);
+        if (live) dec_issue<WK, CH>(gw, gs, buf, bar, lane);
         gw += Z::w;
         gs += Z::s;
         if (++ch == a.geo.NC) {
@@ -1192,6 +1197,7 @@ template <int WK, int CH, int DW> struct dec_stream {
             if (++it < it1) {
                 pos = dec_next(a, pos, tbx);
                 rt = pos.tb * DW + warp;
+                live = rt < (int)(a.c.W.R / 16);
                 dec_src<WK, CH>(a, pos, rt, gw, gs);
             }
         }
@@ -1431,7 +1437,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
 #pragma unroll
                 for (int e = 0; e < 4; e++) v[nt][e] = __fmul_rn(v[nt][e], 16384.0f); /* the codes' 2^-14 */
             const int ntn = (cur.count + 7) / 8;
-            mm_epilogue<DEC_NA>(c, rt, cur.count, cur.plist, cur.slot0, lane, ntn < NT ? ntn : NT, v);
+            mm_epilogue<DEC_NA, ACT>(c, rt, cur.count, cur.plist, cur.slot0, lane, ntn < NT ? ntn : NT, v);
         }
         if (it + 1 < it1) {
             const dec_pos nxt = dec_next(a, cur, tbx);

@@ -18,6 +18,10 @@
 #             pattern (bulk-copy rings and plain loads, no arithmetic) and where the hardware
 #             places the blocks of persistent grids; bench/gpu/mma_probe: wgmma against
 #             mma.sync bit for bit, and the latency of wgmma steps
+#   prefill   the M = 784 grouped call under ncu: the decode kernels' per-instruction execution
+#             counts and stall samples (sass_dec_M784.csv.gz), and the k_wgp GEMMs' (router,
+#             shared W13 and W2) throughput, memory, scheduler and warp-state sections with
+#             their own per-instruction counts (sass_wgp_M784.csv.gz)
 #   ab        A/B of the bench against a baseline binary build/device/moe_decode_base (built
 #             from another commit, e.g. a git worktree, and carried beside the bundle): fp16
 #             direct and grouped, M = 1..16 and 784 grouped, the two binaries alternating, two
@@ -86,6 +90,18 @@ kernels)
 probe)
   t mem_probe $B/mem_probe
   t mma_probe $B/mma_probe ;;
+prefill)
+  ncu --clock-control none --kernel-name regex:'k_dec' --launch-count 2 --section SourceCounters --page source \
+    --print-source sass --csv $B/moe_decode --no-cublas --M 784 --iters 1 --sets 1 --act fp16 --dispatch grouped 2>&1 \
+    | gzip > "$out/logs/sass_dec_M784.csv.gz"
+  t ncu_wgp ncu --clock-control none --kernel-name regex:'k_wgp' --launch-count 3 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section Occupancy \
+    --section SchedulerStats --section WarpStateStats \
+    --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second \
+    $B/moe_decode --no-cublas --M 784 --iters 1 --sets 1 --act fp16 --dispatch grouped
+  ncu --clock-control none --kernel-name regex:'k_wgp' --launch-count 3 --section SourceCounters --page source \
+    --print-source sass --csv $B/moe_decode --no-cublas --M 784 --iters 1 --sets 1 --act fp16 --dispatch grouped 2>&1 \
+    | gzip > "$out/logs/sass_wgp_M784.csv.gz" ;;
 ab)
   [ -x $B/moe_decode_base ] || { echo "ab: no $B/moe_decode_base"; exit 2; }
   for run in 1 2; do
