@@ -557,6 +557,38 @@ __device__ __forceinline__ uint32_t bits16(float v, int act)
 
 __device__ __forceinline__ void store16(uint16_t *p, float v, int act) { *p = (uint16_t)bits16(v, act); }
 
+/* The SwiGLU epilogue of N token tiles (N known at compile time): the 2N evaluations of a lane
+ * are computed side by side, whatever the count (past it the sums are finite stand-ins and the
+ * results are not stored), so that they share their constants and overlap; then the stores of
+ * the tokens within the count. Per element the same operations as mm_epilogue's loop. */
+template <int N, int NA, int ACT>
+__device__ __forceinline__ void mm_swiglu(const cu_mm_call &c, int64_t rt, int count, const int32_t *plist,
+                                          int64_t slot0, int lane, const float v[NA][4])
+{
+    const int g = lane >> 2, q = lane & 3;
+    const int64_t col = rt * 8 + g;
+    float h[N][2];
+#pragma unroll
+    for (int nt = 0; nt < N; nt++)
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            const double d = (double)v[nt][t];
+            const float silu = (float)(d / (1.0 + exp(-d)));
+            h[nt][t] = round_act16(__fmul_rn(silu, v[nt][2 + t]), ACT);
+        }
+    if (col >= c.out_n) return;
+#pragma unroll
+    for (int nt = 0; nt < N; nt++)
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            const int j = nt * 8 + 2 * q + t;
+            if (j >= count) continue;
+            const int64_t slot = plist ? plist[j] : slot0 + j;
+            if (c.out) c.out[slot * c.out_ld + col] = h[nt][t];
+            if (c.out16) store16(c.out16 + slot * c.out_ld + col, h[nt][t], ACT);
+        }
+}
+
 /* Epilogue of one row tile: v[nt][e] final sums (e: 0,1 row g tokens 2q, 2q+1; 2,3 row g+8).
  * ACT: the call's act_dtype (c.act), as the kernel's template parameter so that only its
  * conversions are compiled. */
@@ -565,6 +597,18 @@ __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int
                                             int64_t slot0, int lane, int ntn, const float v[NA][4])
 {
     const int g = lane >> 2, q = lane & 3;
+    /* the tile loops' bound: for up to 3 tiles (the decode kernel, k_mm) the compile-time NA (with
+     * a break at ntn), so that they unroll and v stays in registers; for more (k_wgp, k_gemm)
+     * ntn: unrolled over 8 tiles, k_wgp's three GEMMs at M = 784 took 3 us more each */
+    const int nmax = NA <= 3 ? NA : ntn;
+    if constexpr (NA <= 3) { /* the decode kernel and k_mm: SwiGLU unrolled for the tile count */
+        if (c.epi == CU_MM_SWIGLU) {
+            if (ntn <= 1) mm_swiglu<1, NA, ACT>(c, rt, count, plist, slot0, lane, v);
+            else if (NA < 3 || ntn == 2) mm_swiglu<(NA >= 2 ? 2 : 1), NA, ACT>(c, rt, count, plist, slot0, lane, v);
+            else mm_swiglu<NA, NA, ACT>(c, rt, count, plist, slot0, lane, v);
+            return;
+        }
+    }
     if (c.epi == CU_MM_STORE && !c.out) {
         /* 16-bit only: lane g of a token writes rows 2g and 2g + 1 as one 4-byte word, so the
          * 8 lanes of a token write its 16 rows (32 bytes) in one store instead of two halves.
@@ -572,7 +616,9 @@ __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int
         const int hs = g < 4 ? 0 : 1, ga = 2 * g - 8 * hs;
         const int la = ga * 4 + q, lb = la + 4;
         const int64_t r = rt * 16 + 2 * g;
-        for (int nt = 0; nt < ntn; nt++)
+        for (int nt = 0; nt < nmax; nt++) {
+            if (nt >= ntn) break;
+#pragma unroll
             for (int t = 0; t < 2; t++) {
                 /* one rounding to act_dtype: bits16 of round_act16(x) is bits16(x), NaNs included
                  * (a 16-bit value converts back to itself) */
@@ -587,9 +633,12 @@ __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int
                 if (r + 1 < c.out_n) *(uint32_t *)o = lo | hi << 16;
                 else *o = (uint16_t)lo;
             }
+        }
         return;
     }
-    for (int nt = 0; nt < ntn; nt++)
+    for (int nt = 0; nt < nmax; nt++) {
+        if (nt >= ntn) break;
+#pragma unroll
         for (int t = 0; t < 2; t++) {
             const int j = nt * 8 + 2 * q + t;
             if (j >= count) continue;
@@ -612,6 +661,7 @@ __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int
                 }
             }
         }
+    }
 }
 
 /* Group gy of the call: its matrix, slot count and slot list (plist, or slot0 + j); false when
@@ -1437,7 +1487,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
 #pragma unroll
                 for (int e = 0; e < 4; e++) v[nt][e] = __fmul_rn(v[nt][e], 16384.0f); /* the codes' 2^-14 */
             const int ntn = (cur.count + 7) / 8;
-            mm_epilogue<DEC_NA, ACT>(c, rt, cur.count, cur.plist, cur.slot0, lane, ntn < NT ? ntn : NT, v);
+            mm_epilogue<NT, ACT>(c, rt, cur.count, cur.plist, cur.slot0, lane, ntn < NT ? ntn : NT, v);
         }
         if (it + 1 < it1) {
             const dec_pos nxt = dec_next(a, cur, tbx);
