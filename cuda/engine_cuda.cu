@@ -571,6 +571,8 @@ static td_status alloc_ws(cu_engine *c, td_err *err)
         {(void **)&w->n_groups, i4},          {(void **)&w->g_mat, G * i4},
         {(void **)&w->g_start, G * i4},       {(void **)&w->g_count, G * i4},
         {(void **)&w->perm, C * k * i4},
+        {(void **)&w->sp_x, (size_t)cu_mm_split_bytes((int64_t)C, (int64_t)H)},
+        {(void **)&w->sp_sh, (size_t)cu_mm_split_bytes((int64_t)C, (int64_t)(isl > H ? isl : H))},
     };
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
         td_status st = dalloc(c, b[i].bytes, b[i].p, err);

@@ -62,6 +62,7 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
     m.act = sh->act;
     m.generic = sh->generic;
     m.pdl = pdl ? 2 : 0;
+    if (!routed_slots) m.split_ws = ws->sp_sh; /* W13, then W2 once W13 has read it */
     td_status st = cu_mm(&m, s, err);
     if (st) return st;
     m.W = *w2;
@@ -174,6 +175,7 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
         m.act = act;
         m.generic = sh->generic;
         m.pdl = 1; /* after k_round16, whose output it stages after its weight loads are issued */
+        m.split_ws = c->sp_x;
         st = cu_mm(&m, s, err);
     } else {
         if (need_router) st = cu_moe_linear(ly->router, 0, E, c->xa, H, Mc, c->logits, lg, s, err);

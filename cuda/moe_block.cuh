@@ -72,6 +72,10 @@ typedef struct cu_block_ws {
     int32_t *n_groups;          /* [1] */
     int32_t *g_mat, *g_start, *g_count; /* [cu_mm_group_bound(C*k, E)] */
     int32_t *perm;              /* [C*k] */
+    uint8_t *sp_x, *sp_sh;      /* optional (NULL: unused): k_wgp's pre-split inputs
+                                   (cu_mm_call::split_ws) of the router, [cu_mm_split_bytes(C, H)],
+                                   and of the shared expert's W13 and W2 one after the other,
+                                   [cu_mm_split_bytes(C, max(H, Is/tp))] */
     int32_t *ids_discard;       /* [C, k], optional: with imposed routes, the routing kernel */
     float *wts_discard;         /* still runs at its place and writes here (the bench's timing) */
     cudaStream_t s, s2;

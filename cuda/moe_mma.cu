@@ -980,7 +980,39 @@ __device__ __forceinline__ void wp_step(uint32_t sbase, const uint4 *raw, uint64
     if (prev >= 0) cu_mbar_arrive(cu_smem_addr(&empty[prev]));
 }
 
-template <int ACT, int WG>
+/* The pre-split inputs (cu_mm_call::split_ws): per 64-token block tb and stage st (64 columns),
+ * WP_SPLIT_BYTES at (tb * nst + st) * WP_SPLIT_BYTES: the hi plane then the lo plane, each the
+ * stage's wgmma B operand as k_wgp's issuer and converters would leave it in shared memory
+ * (piece p of 8 columns of token jn * 8 + n8 at (p / 2) * 2048 + jn * WG_SBO + (p % 2) * WG_LBO
+ * + n8 * 16), zeros past the tokens and past in_cols. */
+#define WP_SPLIT_BYTES (2 * WP_XBYTES)
+
+/* k_wsplit: one thread per 16-byte piece (8 FP16 inputs) of the split layout above. */
+__global__ void __launch_bounds__(256) k_wsplit(const uint16_t *in, int64_t ld, int64_t M, int64_t in_cols, int nst,
+                                                int64_t pieces, uint8_t *out)
+{
+    cu_pdl_wait();
+    cu_pdl_release();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= pieces) return;
+    const int n8 = (int)(i & 7), p = (int)((i >> 3) & 7), jn = (int)((i >> 6) & 7);
+    const int64_t chunk = i >> 9, tb = chunk / nst, st = chunk - tb * nst;
+    const int64_t t = tb * (WP_NT * 8) + jn * 8 + n8, c0 = st * (WP_SS * 32) + p * 8;
+    uint4 q = make_uint4(0u, 0u, 0u, 0u), h, l;
+    if (t < M && c0 < in_cols) q = *reinterpret_cast<const uint4 *>(in + t * ld + c0);
+    split_hi_lo(q.x, h.x, l.x);
+    split_hi_lo(q.y, h.y, l.y);
+    split_hi_lo(q.z, h.z, l.z);
+    split_hi_lo(q.w, h.w, l.w);
+    uint8_t *d = out + chunk * WP_SPLIT_BYTES + (p >> 1) * 2048 + jn * WG_SBO + (p & 1) * WG_LBO + n8 * 16;
+    *reinterpret_cast<uint4 *>(d) = h;
+    *reinterpret_cast<uint4 *>(d + WP_XBYTES) = l;
+}
+
+/* PRE: the inputs come pre-split (split_ws, k_wsplit): the issuer copies each stage's two
+ * planes with one bulk copy completing on `full` with the weights, and the converter warps
+ * have nothing to do. */
+template <int ACT, int WG, bool PRE>
 __global__ void __launch_bounds__(wp_threads(WG), WG == 1 ? 2 : 1) k_wgp(mm_args a)
 {
     extern __shared__ __align__(128) uint4 wp_raw[];
@@ -998,7 +1030,8 @@ __global__ void __launch_bounds__(wp_threads(WG), WG == 1 ? 2 : 1) k_wgp(mm_args
     const uint32_t sbase = cu_smem_addr(wp_raw);
     if (threadIdx.x == 0) {
         for (int i = 0; i < WP_STAGES; i++) {
-            cu_mbar_init_n(&full[i], WP_CONV * 32 + 1); /* the converters' threads, the copies' expect */
+            /* the converters' threads (without PRE) and the copies' expect */
+            cu_mbar_init_n(&full[i], PRE ? 1 : WP_CONV * 32 + 1);
             cu_mbar_init_n(&empty[i], TILES * 32);     /* the consumers' threads */
             cu_mbar_init_n(&landed[i], 32);  /* the issuing warp's lanes, once their copies land */
         }
@@ -1033,24 +1066,30 @@ __global__ void __launch_bounds__(wp_threads(WG), WG == 1 ? 2 : 1) k_wgp(mm_args
             cu_mbar_wait(cu_smem_addr(&empty[slot]), ((s / WP_STAGES) & 1) ^ 1);
             if (lane == 0) {
                 const uint32_t fb = cu_smem_addr(&full[slot]);
-                cu_mbar_expect(fb, (uint32_t)(live_tiles * WP_SS * 1024));
+                cu_mbar_expect(fb, (uint32_t)(live_tiles * WP_SS * 1024 + (PRE ? WP_SPLIT_BYTES : 0)));
                 for (int w = 0; w < live_tiles; w++)
                     cu_bulk_copy(st + (uint32_t)(w * WP_SS * 1024), wsrc + ((rt0 + w) * KS + (int64_t)s * WP_SS) * 1024,
                                  WP_SS * 1024, fb);
+                if (PRE)
+                    cu_bulk_copy(st + WBYTES, c.split_ws + ((int64_t)blockIdx.y * nst + s) * WP_SPLIT_BYTES,
+                                 WP_SPLIT_BYTES, fb);
             }
+            if constexpr (!PRE) {
 #pragma unroll
-            for (int i = 0; i < PIECES / 32; i++) {
-                const int p = (lane >> 3) + 4 * (i % (WP_SS * 4 / 4)), jn = i / (WP_SS * 4 / 4);
-                const int v = s * WP_SS * 4 + p;
-                const bool ok = rows[jn] != nullptr && v < valid;
-                cu_cp_async16(st + WBYTES + (uint32_t)((p >> 1) * 2048 + jn * WG_SBO + (p & 1) * WG_LBO + n8 * 16),
-                              ok ? rows[jn] + (int64_t)v * 8 : c.in16, ok ? 16u : 0u);
+                for (int i = 0; i < PIECES / 32; i++) {
+                    const int p = (lane >> 3) + 4 * (i % (WP_SS * 4 / 4)), jn = i / (WP_SS * 4 / 4);
+                    const int v = s * WP_SS * 4 + p;
+                    const bool ok = rows[jn] != nullptr && v < valid;
+                    cu_cp_async16(st + WBYTES + (uint32_t)((p >> 1) * 2048 + jn * WG_SBO + (p & 1) * WG_LBO + n8 * 16),
+                                  ok ? rows[jn] + (int64_t)v * 8 : c.in16, ok ? 16u : 0u);
+                }
+                cu_cp_async_arrive(cu_smem_addr(&landed[slot]));
             }
-            cu_cp_async_arrive(cu_smem_addr(&landed[slot]));
         }
         return;
     }
     if (warp > ISSUER) {
+        if constexpr (PRE) return;
         /* the converting warps: once a stage's pieces have landed, FP16 inputs are split into
          * hi (in place) and lo; then the stage is full for the consumers (with its weights) */
         const int tid = (int)threadIdx.x - (ISSUER + 1) * 32;
@@ -1631,10 +1670,10 @@ static cudaError_t set_smem_limit(void)
     return cudaFuncSetAttribute(k_mm<WK, ACT, NTMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX);
 }
 
-template <int WG>
+template <int WG, bool PRE>
 static cudaError_t set_wgp_smem(void)
 {
-    return cudaFuncSetAttribute(k_wgp<1, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(k_wgp<1, WG, PRE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 WP_STAGES * wp_stage_bytes(1, WG));
 }
 
@@ -1674,8 +1713,10 @@ td_status cu_mm_init(td_err *err)
     TD_CU_TRY(err, cudaFuncSetAttribute(k_group, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
     TD_CU_TRY(err, cudaFuncSetAttribute(k_gemm<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 / 2 - 1024));
     TD_CU_TRY(err, cudaFuncSetAttribute(k_gemm<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 / 2 - 1024));
-    TD_CU_TRY(err, set_wgp_smem<1>());
-    TD_CU_TRY(err, set_wgp_smem<2>());
+    TD_CU_TRY(err, (set_wgp_smem<1, false>()));
+    TD_CU_TRY(err, (set_wgp_smem<2, false>()));
+    TD_CU_TRY(err, (set_wgp_smem<1, true>()));
+    TD_CU_TRY(err, (set_wgp_smem<2, true>()));
     return TD_OK;
 }
 
@@ -1844,10 +1885,27 @@ static td_status launch_wgp(const mm_args &a, cudaStream_t s, td_err *err)
     const int wg = (RT + 7) / 8 * TB * 10 >= (int64_t)sms * 9 ? 2 : 1;
     const dim3 grid((unsigned)((RT + 4 * wg - 1) / (4 * wg)), (unsigned)TB);
     const size_t smem = (size_t)WP_STAGES * wp_stage_bytes(1, wg);
-    if (wg == 2) TD_CU_TRY(err, cu_launch(k_wgp<1, 2>, grid, dim3(wp_threads(2)), smem, s, a.c.pdl != 0, a));
-    else TD_CU_TRY(err, cu_launch(k_wgp<1, 1>, grid, dim3(wp_threads(1)), smem, s, a.c.pdl != 0, a));
+    const bool pdl = a.c.pdl != 0;
+    if (a.c.split_ws && a.c.in_div == 1) {
+        const int nst = (int)(a.geo.KS / WP_SS);
+        const int64_t pieces = TB * nst * (WP_SPLIT_BYTES / 32);
+        TD_CU_TRY(err, cu_launch(k_wsplit, dim3((unsigned)((pieces + 255) / 256)), dim3(256), 0, s, pdl, a.c.in16,
+                                 a.c.in_ld, a.c.nslots, a.c.in_cols, nst, pieces, a.c.split_ws));
+        TD_CU_LAUNCHED(err, "k_wsplit");
+        if (wg == 2) TD_CU_TRY(err, cu_launch(k_wgp<1, 2, true>, grid, dim3(wp_threads(2)), smem, s, true, a));
+        else TD_CU_TRY(err, cu_launch(k_wgp<1, 1, true>, grid, dim3(wp_threads(1)), smem, s, true, a));
+    } else if (wg == 2) {
+        TD_CU_TRY(err, cu_launch(k_wgp<1, 2, false>, grid, dim3(wp_threads(2)), smem, s, pdl, a));
+    } else {
+        TD_CU_TRY(err, cu_launch(k_wgp<1, 1, false>, grid, dim3(wp_threads(1)), smem, s, pdl, a));
+    }
     TD_CU_LAUNCHED(err, "k_wgp");
     return TD_OK;
+}
+
+int64_t cu_mm_split_bytes(int64_t tokens, int64_t K)
+{
+    return (tokens + WP_NT * 8 - 1) / (WP_NT * 8) * ((K + WP_SS * 32 - 1) / (WP_SS * 32)) * WP_SPLIT_BYTES;
 }
 
 td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)

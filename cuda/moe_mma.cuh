@@ -164,6 +164,13 @@ typedef struct cu_mm_call {
     int64_t out_ld, out_n;
     int epi, act;
     int generic;                 /* 1: always k_mm (the decode kernel k_dec is never used) */
+    uint8_t *split_ws;           /* k_wgp (prefill-sized BF16 calls, FP16 inputs, in_div 1):
+                                    scratch of cu_mm_split_bytes(nslots, W.K) bytes where a
+                                    launch before k_wgp writes the inputs' exact BF16 hi / lo
+                                    split in k_wgp's stage layout, so that k_wgp copies each
+                                    stage's inputs with one bulk copy and splits nothing
+                                    itself; NULL: k_wgp splits them (converter warps). Never
+                                    changes a bit */
     int pdl;                     /* programmatic dependent launch (common.cuh): 0 none; 2 the
                                     kernel may start while the previous kernel on the stream
                                     runs and waits for it first; 1 the same, but the kernel
@@ -175,5 +182,7 @@ typedef struct cu_mm_call {
 } cu_mm_call;
 
 td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err);
+/* Bytes of a cu_mm_call's split_ws for `tokens` tokens and K (padded) columns. */
+int64_t cu_mm_split_bytes(int64_t tokens, int64_t K);
 
 #endif /* TD_CUDA_MOE_MMA_CUH */

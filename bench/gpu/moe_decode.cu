@@ -5,7 +5,7 @@
  *                   [--tp 1] [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]
  *                   [--kernels fast|generic] [--prio main|shared|off]
  *                   [--M 1,2,4,8,16,784] [--iters 200] [--sets 16] [--seed 1]
- *                   [--cublas LIB] [--no-cublas] [--db PATH] [--json]
+ *                   [--cublas LIB] [--no-cublas] [--no-presplit] [--db PATH] [--json]
  *
  * Weights are synthetic (seeded hash of the index; E4M3 codes 0x38..0x5f, globals 2^-7) in the
  * engine's device layout for one TP rank: every expert's W13 and W2 NVFP4 matrices, a BF16
@@ -28,6 +28,9 @@
  *           experts, pointer arrays prepared per route set) plus the engine's routing and
  *           combine kernels and a SwiGLU kernel; the shared expert on a second stream from
  *           the rounded input on, as in the engine
+ * --no-presplit: the prefill-sized BF16 GEMMs with FP16 inputs (router, shared expert; k_wgp)
+ * split their inputs into BF16 hi / lo inside k_wgp instead of taking them pre-split
+ * (cu_mm_call::split_ws), as before the pre-split launch existed (the same bits).
  * --prio: the block's main stream (router, routing, routed experts, combine) or its
  * shared-expert stream created at the device's greatest priority, the other at its least, and
  * every graph instantiated with cudaGraphInstantiateFlagUseNodePriority (kernel nodes take
@@ -201,7 +204,7 @@ static void gemm_rowmajor(cublasHandle_t h, blas *b, const void *W, const void *
 typedef struct opts {
     int64_t H, E, I, k, Is, tp;
     int act;            /* 1 fp16, 2 bf16 */
-    bool raw, grouped, json, no_cublas, generic;
+    bool raw, grouped, json, no_cublas, generic, no_presplit;
     int prio;           /* 0 off, 1 main stream high, 2 shared-expert stream high */
     std::vector<int64_t> Ms;
     int iters, sets;
@@ -215,7 +218,7 @@ static void usage(void)
                     "                  [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]\n"
                     "                  [--kernels fast|generic] [--prio main|shared|off]\n"
                     "                  [--M 1,2,4,8,16,784] [--iters N] [--sets N] [--seed N] [--cublas LIB]\n"
-                    "                  [--db PATH] [--json] [--no-cublas]\n");
+                    "                  [--db PATH] [--json] [--no-cublas] [--no-presplit]\n");
     exit(2);
 }
 
@@ -234,6 +237,7 @@ static void parse(int argc, char **argv, opts *o)
 {
     o->H = 2560, o->E = 512, o->I = 640, o->k = 10, o->Is = 640, o->tp = 1;
     o->act = 1, o->raw = false, o->grouped = false, o->json = false, o->no_cublas = false, o->generic = false;
+    o->no_presplit = false;
     o->prio = 0;
     o->Ms = {1, 2, 4, 8, 16, 784};
     o->iters = 200, o->sets = 16, o->seed = 1, o->cublas = NULL, o->db = NULL;
@@ -245,6 +249,10 @@ static void parse(int argc, char **argv, opts *o)
         }
         if (!strcmp(a, "--no-cublas")) {
             o->no_cublas = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-presplit")) {
+            o->no_presplit = true;
             continue;
         }
         if (i + 1 >= argc) usage();
@@ -446,6 +454,10 @@ int main(int argc, char **argv)
     BENCH_CK(cudaMalloc(&ws.g_start, (size_t)G * 4));
     BENCH_CK(cudaMalloc(&ws.g_count, (size_t)G * 4));
     BENCH_CK(cudaMalloc(&ws.perm, (size_t)S * 4));
+    if (!o.no_presplit) {
+        BENCH_CK(cudaMalloc(&ws.sp_x, (size_t)cu_mm_split_bytes(C, H)));
+        BENCH_CK(cudaMalloc(&ws.sp_sh, (size_t)cu_mm_split_bytes(C, isl > H ? isl : H)));
+    }
     ws.s = s;
     BENCH_CK(cudaStreamCreateWithPriority(&ws.s2, cudaStreamNonBlocking, prio_shared));
     BENCH_CK(cudaEventCreateWithFlags(&ws.ev_fork, cudaEventDisableTiming));
