@@ -917,6 +917,12 @@ __global__ void __launch_bounds__(GM_WARPS * 32, 2) k_gemm(mm_args a)
  *   up to WP_STAGES stages ahead;
  * - the three warps after it, the converters: once a stage has landed, each FP16 piece is split
  *   into its exact BF16 hi (in place) and lo (the lo plane), then the stage is `full`.
+ * With PRE (the engine's path where the call brings a split_ws) the inputs were split before the
+ * kernel (k_wsplit, into the stages' exact image): the issuer copies a stage's two planes with
+ * one more bulk copy completing on `full`, and the converters exit at once. Per stage the
+ * converters' split and the issuer's 16 cp.async per lane were the kernel's critical path: the
+ * consumers waited on `full` 46% of their samples (ncu, docs/perf.md); pre-split, the router,
+ * shared W13 and W2 at M = 784 take 23 / 37 / 23 us instead of 33 / 47 / 30.
  * Every consumer and converter thread arrives on the mbarriers itself, after its own accesses
  * to the stage (not one lane for its warp after __syncwarp): each thread's reads and writes are
  * then ordered before the stage's next writes by its own arrival, which is also what

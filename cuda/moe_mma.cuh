@@ -64,8 +64,9 @@
  * loads its weights while W13 computes). Prefill-sized calls of BF16 matrices with range
  * groups (the router and the shared expert) run on k_wgp with FP16 inputs (sm_90a's warpgroup
  * MMA, 64 or 128 rows by 64 tokens per block: an issuer warp copies weights and inputs into a
- * ring of stages, converter warps split the inputs into hi and lo, one or two consumer
- * warpgroups issue the wgmmas; the same sums in the same order) and on k_gemm with BF16
+ * ring of stages, converter warps split the inputs into hi and lo (or, with split_ws, a launch
+ * before it has split them once into the stages' layout and the issuer copies them), one or
+ * two consumer warpgroups issue the wgmmas; the same sums in the same order) and on k_gemm with BF16
  * inputs (blocks of 8 row tiles by 32 tokens, the tokens' input rows staged one K chunk at a
  * time, where its grid has a block for every SM). `generic` keeps every call on k_mm, so the kernels can be compared.
  *
