@@ -11,6 +11,8 @@
  *   per TP rank: shared expert (W13 + SwiGLU, W2), routed experts (W13 + SwiGLU, W2), combine
  *   (rank outputs added in rank order; rounded once more for tp_rank=all; the shared expert
  *   of a later rank forks after the previous rank's combine)
+ * At prefill sizes with FP16 inputs the BF16 GEMMs (router, shared W13 and W2) are preceded by
+ * the split of their inputs into ws->sp_x / ws->sp_sh when those are given (cu_mm_call::split_ws).
  * Every kernel launched on ws->s after the first is a programmatic dependent launch
  * (common.cuh): it may start while its predecessor runs and waits for it before any access.
  * CU_BLOCK_ROUTER stops after the logits; CU_BLOCK_ROUTED runs only grouping and the routed
