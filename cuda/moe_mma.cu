@@ -901,8 +901,10 @@ __global__ void __launch_bounds__(GM_WARPS * 32, 2) k_gemm(mm_args a)
 /* ==== the prefill GEMM of BF16 matrices on warpgroup MMA ========================================
  *
  * k_wgp: prefill-sized calls of BF16 matrices with range groups and FP16 inputs (the router and
- * the shared expert at 256 tokens or more) on Hopper's warpgroup MMA. A block covers WG * 64 rows
- * (WG consumer warpgroups, one or two) by WP_NT * 8 = 64 tokens with three roles:
+ * the shared expert at 256 tokens or more) on Hopper's warpgroup MMA. The inputs come split into
+ * their exact BF16 hi and lo parts by k_wsplit, launched just before into the call's split_ws
+ * in the stages' own layout (below). A block covers WG * 64 rows (WG consumer warpgroups, one or
+ * two) by WP_NT * 8 = 64 tokens with two roles:
  * - warps 0..4 WG - 1, the consumers: per stage, wait for `full`, load each 16-column block's A
  *   fragments (the weights in the device layout: mma.sync's A fragment is wgmma's register A)
  *   from shared memory, issue one m64n64k16 on the hi plane and one on the lo plane into the
@@ -910,38 +912,32 @@ __global__ void __launch_bounds__(GM_WARPS * 32, 2) k_gemm(mm_args a)
  *   have completed (two sets of A registers: one stage's are still read while the next stage's
  *   load). Both warpgroups read the same input planes: the second halves the input bytes per
  *   product that a block moves from L2;
- * - warp 4 WG, the issuer: once a slot is empty, the row tiles' weights of the stage by bulk
- *   copies (one per tile, completing on `full`) and the 64 tokens' input columns by cp.async into
- *   the hi plane as wgmma's B operand (8 x 8 core matrices without swizzle: 16-column block kb at
- *   kb * 2048 bytes, 8-token block j at j * WG_SBO, K half at WG_LBO), completing on `landed`;
- *   up to WP_STAGES stages ahead;
- * - the three warps after it, the converters: once a stage has landed, each FP16 piece is split
- *   into its exact BF16 hi (in place) and lo (the lo plane), then the stage is `full`.
- * With PRE (the engine's path where the call brings a split_ws) the inputs were split before the
- * kernel (k_wsplit, into the stages' exact image): the issuer copies a stage's two planes with
- * one more bulk copy completing on `full`, and the converters exit at once. Per stage the
- * converters' split and the issuer's 16 cp.async per lane were the kernel's critical path: the
- * consumers waited on `full` 46% of their samples (ncu, docs/perf.md); pre-split, the router,
+ * - warp 4 WG, the issuer: once a slot is empty, the row tiles' weights of the stage (one bulk
+ *   copy per tile) and the stage's hi and lo planes (one bulk copy: wgmma's B operand, 8 x 8 core
+ *   matrices without swizzle: 16-column block kb at kb * 2048 bytes, 8-token block j at
+ *   j * WG_SBO, K half at WG_LBO), all completing on `full`; up to WP_STAGES stages ahead.
+ * Until b617135 the issuer copied the FP16 inputs by cp.async and three converter warps split
+ * them per stage and block: that was the kernel's critical path (the consumers waited on
+ * `full` 46% of their samples; ncu, docs/perf.md); with the split done once before, the router,
  * shared W13 and W2 at M = 784 take 23 / 37 / 23 us instead of 33 / 47 / 30.
- * Every consumer and converter thread arrives on the mbarriers itself, after its own accesses
- * to the stage (not one lane for its warp after __syncwarp): each thread's reads and writes are
- * then ordered before the stage's next writes by its own arrival, which is also what
- * compute-sanitizer's racecheck tracks.
+ * Every consumer thread arrives on `empty` itself, after its own reads of the stage (not one
+ * lane for its warp after __syncwarp): each thread's reads are then ordered before the stage's
+ * next writes by its own arrival, which is also what compute-sanitizer's racecheck tracks.
  * Per output element the sequence is k_mm's (each chunk from +0, blocks ascending, hi then lo,
  * the chunk sums added in chunk order) and wgmma's sums are mma.sync's (bench/gpu/mma_probe),
  * so the bits are the same; `kernels=generic` (k_mm) is the exact pair that checks it. The
  * accumulators are mma.sync's C fragments of the warp's row tile for the 8 token tiles, so
  * the epilogue is k_mm's. Needs sm_90a (wgmma); K cut into chunks of an even number of steps.
- * BF16 inputs stay on k_gemm: without the hi / lo split this kernel was not faster there. */
+ * BF16 inputs stay on k_gemm: without the hi / lo split this kernel was not faster there; so
+ * do FP16 calls without a split_ws. */
 #define WP_NT 8
 #define WP_SS 2
 #define WP_STAGES 4
 /* a stage's weights: 1 KiB per row tile and step, 4 WG row tiles */
 __host__ __device__ constexpr int wp_wbytes(int wg) { return 4 * wg * WP_SS * 1024; }
 #define WP_XBYTES (WP_NT * 8 * WP_SS * 64)    /* a stage's inputs, one plane: 64 bytes per token and step */
-/* consumers (4 WG warps), the issuer and 3 converters */
-__host__ __device__ constexpr int wp_threads(int wg) { return (4 * wg + 4) * 32; }
-#define WP_CONV 3
+/* consumers (4 WG warps) and the issuer */
+__host__ __device__ constexpr int wp_threads(int wg) { return (4 * wg + 1) * 32; }
 
 __host__ __device__ constexpr int wp_stage_bytes(int act, int wg)
 {
@@ -1015,17 +1011,14 @@ __global__ void __launch_bounds__(256) k_wsplit(const uint16_t *in, int64_t ld, 
     *reinterpret_cast<uint4 *>(d + WP_XBYTES) = l;
 }
 
-/* PRE: the inputs come pre-split (split_ws, k_wsplit): the issuer copies each stage's two
- * planes with one bulk copy completing on `full` with the weights, and the converter warps
- * have nothing to do. */
-template <int ACT, int WG, bool PRE>
+template <int ACT, int WG>
 __global__ void __launch_bounds__(wp_threads(WG), WG == 1 ? 2 : 1) k_wgp(mm_args a)
 {
     extern __shared__ __align__(128) uint4 wp_raw[];
-    __shared__ __align__(8) uint64_t full[WP_STAGES], empty[WP_STAGES], landed[WP_STAGES];
-    constexpr bool SPLIT = ACT == 1;
+    __shared__ __align__(8) uint64_t full[WP_STAGES], empty[WP_STAGES];
+    static_assert(ACT == 1, "k_wgp multiplies pre-split FP16 inputs");
     constexpr int STAGE = wp_stage_bytes(ACT, WG), TILES = 4 * WG, WBYTES = wp_wbytes(WG);
-    constexpr int ISSUER = 4 * WG; /* the issuing warp; the converters follow it */
+    constexpr int ISSUER = 4 * WG; /* the issuing warp */
     const cu_mm_call &c = a.c;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int NC = a.geo.NC, chunk = a.geo.chunk, KS = a.geo.KS;
@@ -1036,99 +1029,32 @@ __global__ void __launch_bounds__(wp_threads(WG), WG == 1 ? 2 : 1) k_wgp(mm_args
     const uint32_t sbase = cu_smem_addr(wp_raw);
     if (threadIdx.x == 0) {
         for (int i = 0; i < WP_STAGES; i++) {
-            /* the converters' threads (without PRE) and the copies' expect */
-            cu_mbar_init_n(&full[i], PRE ? 1 : WP_CONV * 32 + 1);
-            cu_mbar_init_n(&empty[i], TILES * 32);     /* the consumers' threads */
-            cu_mbar_init_n(&landed[i], 32);  /* the issuing warp's lanes, once their copies land */
+            cu_mbar_init_n(&full[i], 1);           /* the copies' expect */
+            cu_mbar_init_n(&empty[i], TILES * 32); /* the consumers' threads */
         }
         cu_mbar_init_fence();
     }
     __syncthreads();
     cu_pdl_wait();
     cu_pdl_release();
-    /* 64 tokens x WP_SS * 4 pieces of 8 columns per stage: piece p of token n (8-token block jn,
-     * n8 in it) lands at (p / 2) * 2048 + jn * WG_SBO + (p % 2) * WG_LBO + n8 * 16 of the hi
-     * plane; eight consecutive pieces are 128 contiguous bytes */
-    constexpr int PIECES = WP_NT * 8 * WP_SS * 4;
     if (warp == ISSUER) {
-        /* the issuing warp: once the consumers gave stage s's slot back, the weights of its four
-         * row tiles by bulk copies (completing on `full`) and the input pieces by cp.async into
-         * the hi plane (completing on `landed`), up to WP_STAGES stages ahead */
+        /* the issuing warp's lane 0: once the consumers gave stage s's slot back, the weights of
+         * its row tiles and its hi / lo input planes by bulk copies completing on `full`, up to
+         * WP_STAGES stages ahead */
+        if (lane != 0) return;
         const int live_tiles = (int)(RT - rt0 < TILES ? RT - rt0 : TILES);
-        const int valid = (int)(c.in_cols / 8);
         const uint8_t *wsrc = c.W.w + c.mat_off * c.W.mat_w;
-        /* lane l copies pieces l + 32 i: token jn * 8 + l % 8 (jn = i / (WP_SS * 4 / 4)), pieces
-         * l / 8 + 4 k of it; its eight input rows, computed once (NULL: past the block's tokens) */
-        const int n8 = lane & 7;
-        const uint16_t *rows[WP_NT];
-#pragma unroll
-        for (int jn = 0; jn < WP_NT; jn++) {
-            const int tok = jn * 8 + n8;
-            rows[jn] = tok < count ? c.in16 + ((t0 + tok) / c.in_div) * c.in_ld : nullptr;
-        }
+        const uint8_t *xsrc = c.split_ws + (int64_t)blockIdx.y * nst * WP_SPLIT_BYTES;
         for (int s = 0; s < nst; s++) {
             const int slot = s % WP_STAGES;
             const uint32_t st = sbase + (uint32_t)(slot * STAGE);
             cu_mbar_wait(cu_smem_addr(&empty[slot]), ((s / WP_STAGES) & 1) ^ 1);
-            if (lane == 0) {
-                const uint32_t fb = cu_smem_addr(&full[slot]);
-                cu_mbar_expect(fb, (uint32_t)(live_tiles * WP_SS * 1024 + (PRE ? WP_SPLIT_BYTES : 0)));
-                for (int w = 0; w < live_tiles; w++)
-                    cu_bulk_copy(st + (uint32_t)(w * WP_SS * 1024), wsrc + ((rt0 + w) * KS + (int64_t)s * WP_SS) * 1024,
-                                 WP_SS * 1024, fb);
-                if (PRE)
-                    cu_bulk_copy(st + WBYTES, c.split_ws + ((int64_t)blockIdx.y * nst + s) * WP_SPLIT_BYTES,
-                                 WP_SPLIT_BYTES, fb);
-            }
-            if constexpr (!PRE) {
-#pragma unroll
-                for (int i = 0; i < PIECES / 32; i++) {
-                    const int p = (lane >> 3) + 4 * (i % (WP_SS * 4 / 4)), jn = i / (WP_SS * 4 / 4);
-                    const int v = s * WP_SS * 4 + p;
-                    const bool ok = rows[jn] != nullptr && v < valid;
-                    cu_cp_async16(st + WBYTES + (uint32_t)((p >> 1) * 2048 + jn * WG_SBO + (p & 1) * WG_LBO + n8 * 16),
-                                  ok ? rows[jn] + (int64_t)v * 8 : c.in16, ok ? 16u : 0u);
-                }
-                cu_cp_async_arrive(cu_smem_addr(&landed[slot]));
-            }
-        }
-        return;
-    }
-    if (warp > ISSUER) {
-        if constexpr (PRE) return;
-        /* the converting warps: once a stage's pieces have landed, FP16 inputs are split into
-         * hi (in place) and lo; then the stage is full for the consumers (with its weights) */
-        const int tid = (int)threadIdx.x - (ISSUER + 1) * 32;
-        for (int s = 0; s < nst; s++) {
-            const int slot = s % WP_STAGES;
-            cu_mbar_wait(cu_smem_addr(&landed[slot]), (s / WP_STAGES) & 1);
-            if (SPLIT) {
-                /* every load first, then the splits: the loads' latency paid once per stage */
-                constexpr int UC = (PIECES + WP_CONV * 32 - 1) / (WP_CONV * 32);
-                uint4 q[UC];
-                uint8_t *dp[UC];
-#pragma unroll
-                for (int u = 0; u < UC; u++) {
-                    const int idx = tid + u * WP_CONV * 32;
-                    const int n8 = idx & 7, p = (idx >> 3) & (WP_SS * 4 - 1), jn = idx / (8 * WP_SS * 4);
-                    dp[u] = reinterpret_cast<uint8_t *>(wp_raw) + slot * STAGE + WBYTES + (p >> 1) * 2048 +
-                            jn * WG_SBO + (p & 1) * WG_LBO + n8 * 16;
-                    if (idx < PIECES) q[u] = *reinterpret_cast<const uint4 *>(dp[u]);
-                }
-#pragma unroll
-                for (int u = 0; u < UC; u++) {
-                    if (tid + u * WP_CONV * 32 >= PIECES) break;
-                    uint4 h, l;
-                    split_hi_lo(q[u].x, h.x, l.x);
-                    split_hi_lo(q[u].y, h.y, l.y);
-                    split_hi_lo(q[u].z, h.z, l.z);
-                    split_hi_lo(q[u].w, h.w, l.w);
-                    *reinterpret_cast<uint4 *>(dp[u]) = h;
-                    *reinterpret_cast<uint4 *>(dp[u] + WP_XBYTES) = l;
-                }
-            }
-            fence_async_smem();
-            cu_mbar_arrive(cu_smem_addr(&full[slot]));
+            const uint32_t fb = cu_smem_addr(&full[slot]);
+            cu_mbar_expect(fb, (uint32_t)(live_tiles * WP_SS * 1024 + WP_SPLIT_BYTES));
+            for (int w = 0; w < live_tiles; w++)
+                cu_bulk_copy(st + (uint32_t)(w * WP_SS * 1024), wsrc + ((rt0 + w) * KS + (int64_t)s * WP_SS) * 1024,
+                             WP_SS * 1024, fb);
+            cu_bulk_copy(st + WBYTES, xsrc + (int64_t)s * WP_SPLIT_BYTES, WP_SPLIT_BYTES, fb);
         }
         return;
     }
@@ -1676,10 +1602,10 @@ static cudaError_t set_smem_limit(void)
     return cudaFuncSetAttribute(k_mm<WK, ACT, NTMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX);
 }
 
-template <int WG, bool PRE>
+template <int WG>
 static cudaError_t set_wgp_smem(void)
 {
-    return cudaFuncSetAttribute(k_wgp<1, WG, PRE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(k_wgp<1, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 WP_STAGES * wp_stage_bytes(1, WG));
 }
 
@@ -1719,10 +1645,8 @@ td_status cu_mm_init(td_err *err)
     TD_CU_TRY(err, cudaFuncSetAttribute(k_group, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
     TD_CU_TRY(err, cudaFuncSetAttribute(k_gemm<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 / 2 - 1024));
     TD_CU_TRY(err, cudaFuncSetAttribute(k_gemm<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 / 2 - 1024));
-    TD_CU_TRY(err, (set_wgp_smem<1, false>()));
-    TD_CU_TRY(err, (set_wgp_smem<2, false>()));
-    TD_CU_TRY(err, (set_wgp_smem<1, true>()));
-    TD_CU_TRY(err, (set_wgp_smem<2, true>()));
+    TD_CU_TRY(err, set_wgp_smem<1>());
+    TD_CU_TRY(err, set_wgp_smem<2>());
     return TD_OK;
 }
 
@@ -1892,19 +1816,16 @@ static td_status launch_wgp(const mm_args &a, cudaStream_t s, td_err *err)
     const dim3 grid((unsigned)((RT + 4 * wg - 1) / (4 * wg)), (unsigned)TB);
     const size_t smem = (size_t)WP_STAGES * wp_stage_bytes(1, wg);
     const bool pdl = a.c.pdl != 0;
-    if (a.c.split_ws && a.c.in_div == 1) {
-        const int nst = (int)(a.geo.KS / WP_SS);
-        const int64_t pieces = TB * nst * (WP_SPLIT_BYTES / 32);
-        TD_CU_TRY(err, cu_launch(k_wsplit, dim3((unsigned)((pieces + 255) / 256)), dim3(256), 0, s, pdl, a.c.in16,
-                                 a.c.in_ld, a.c.nslots, a.c.in_cols, nst, pieces, a.c.split_ws));
-        TD_CU_LAUNCHED(err, "k_wsplit");
-        if (wg == 2) TD_CU_TRY(err, cu_launch(k_wgp<1, 2, true>, grid, dim3(wp_threads(2)), smem, s, true, a));
-        else TD_CU_TRY(err, cu_launch(k_wgp<1, 1, true>, grid, dim3(wp_threads(1)), smem, s, true, a));
-    } else if (wg == 2) {
-        TD_CU_TRY(err, cu_launch(k_wgp<1, 2, false>, grid, dim3(wp_threads(2)), smem, s, pdl, a));
-    } else {
-        TD_CU_TRY(err, cu_launch(k_wgp<1, 1, false>, grid, dim3(wp_threads(1)), smem, s, pdl, a));
-    }
+    if (!a.c.split_ws || a.c.in_div != 1)
+        return td_err_set(err, TD_ERR_INTERNAL, "cuda moe: k_wgp needs a split workspace and one input row per slot");
+    const int nst = (int)(a.geo.KS / WP_SS);
+    const int64_t pieces = TB * nst * (WP_SPLIT_BYTES / 32);
+    TD_CU_TRY(err, cu_launch(k_wsplit, dim3((unsigned)((pieces + 255) / 256)), dim3(256), 0, s, pdl, a.c.in16,
+                             a.c.in_ld, a.c.nslots, a.c.in_cols, nst, pieces, a.c.split_ws));
+    TD_CU_LAUNCHED(err, "k_wsplit");
+    /* a dependent launch: k_wgp waits for the split before it reads it (cu_pdl_wait) */
+    if (wg == 2) TD_CU_TRY(err, cu_launch(k_wgp<1, 2>, grid, dim3(wp_threads(2)), smem, s, true, a));
+    else TD_CU_TRY(err, cu_launch(k_wgp<1, 1>, grid, dim3(wp_threads(1)), smem, s, true, a));
     TD_CU_LAUNCHED(err, "k_wgp");
     return TD_OK;
 }
@@ -1945,10 +1866,11 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     dim3 grid((unsigned)((RT + rpb - 1) / rpb), (unsigned)c->max_groups);
     if (dec_fits(&c->W, c->generic, a.xrows))
         return launch_dec_pick(a, WK, c->act, a.geo.chunk == 10, s, err);
-    /* k_wgp: FP16 inputs only. With BF16 inputs (no hi / lo split, half the products) k_gemm
-     * was as fast or faster (docs/perf.md, "The BF16 GEMMs on warpgroup MMA") */
+    /* k_wgp: FP16 inputs with a split workspace (split once by k_wsplit). With BF16 inputs (no
+     * hi / lo split, half the products) k_gemm was as fast or faster (docs/perf.md, "The BF16
+     * GEMMs on warpgroup MMA"); FP16 calls without a workspace take k_gemm too */
     if (WK == 2 && c->act == 1 && !a.split && !c->perm && !c->ids && !c->generic && a.geo.chunk % WP_SS == 0 &&
-        a.geo.KS % WP_SS == 0)
+        a.geo.KS % WP_SS == 0 && c->split_ws && c->in_div == 1)
         return launch_wgp(a, s, err);
     if (WK == 2 && !a.split && !c->perm && !c->ids && c->in_div == 1 && !c->generic && a.geo.chunk <= GM_CHUNK) {
         bool use = false;

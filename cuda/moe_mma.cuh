@@ -63,10 +63,10 @@
  * row tile per warp) items. With `pdl` a launch may start while the previous kernel runs (W2
  * loads its weights while W13 computes). Prefill-sized calls of BF16 matrices with range
  * groups (the router and the shared expert) run on k_wgp with FP16 inputs (sm_90a's warpgroup
- * MMA, 64 or 128 rows by 64 tokens per block: an issuer warp copies weights and inputs into a
- * ring of stages, converter warps split the inputs into hi and lo (or, with split_ws, a launch
- * before it has split them once into the stages' layout and the issuer copies them), one or
- * two consumer warpgroups issue the wgmmas; the same sums in the same order) and on k_gemm with BF16
+ * MMA, 64 or 128 rows by 64 tokens per block: a launch before it splits the inputs into hi and
+ * lo once, into the call's split_ws in the stages' layout; an issuer copies weights and split
+ * inputs into a ring of stages, one or two consumer warpgroups issue the wgmmas; the same sums
+ * in the same order) and on k_gemm with BF16
  * inputs (blocks of 8 row tiles by 32 tokens, the tokens' input rows staged one K chunk at a
  * time, where its grid has a block for every SM). `generic` keeps every call on k_mm, so the kernels can be compared.
  *
@@ -168,10 +168,9 @@ typedef struct cu_mm_call {
     uint8_t *split_ws;           /* k_wgp (prefill-sized BF16 calls, FP16 inputs, in_div 1):
                                     scratch of cu_mm_split_bytes(nslots, W.K) bytes where a
                                     launch before k_wgp writes the inputs' exact BF16 hi / lo
-                                    split in k_wgp's stage layout, so that k_wgp copies each
-                                    stage's inputs with one bulk copy and splits nothing
-                                    itself; NULL: k_wgp splits them (converter warps). Never
-                                    changes a bit */
+                                    split in k_wgp's stage layout, which k_wgp copies a stage
+                                    at a time with one bulk copy; NULL: such calls take
+                                    k_gemm. Never changes a bit */
     int pdl;                     /* programmatic dependent launch (common.cuh): 0 none; 2 the
                                     kernel may start while the previous kernel on the stream
                                     runs and waits for it first; 1 the same, but the kernel
