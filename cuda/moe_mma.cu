@@ -984,9 +984,9 @@ __device__ __forceinline__ void wp_step(uint32_t sbase, const uint4 *raw, uint64
 
 /* The pre-split inputs (cu_mm_call::split_ws): per 64-token block tb and stage st (64 columns),
  * WP_SPLIT_BYTES at (tb * nst + st) * WP_SPLIT_BYTES: the hi plane then the lo plane, each the
- * stage's wgmma B operand as k_wgp's issuer and converters would leave it in shared memory
- * (piece p of 8 columns of token jn * 8 + n8 at (p / 2) * 2048 + jn * WG_SBO + (p % 2) * WG_LBO
- * + n8 * 16), zeros past the tokens and past in_cols. */
+ * stage's wgmma B operand exactly as k_wgp's consumers read it from shared memory, so that
+ * one bulk copy lands it there (piece p of 8 columns of token jn * 8 + n8 at (p / 2) * 2048 +
+ * jn * WG_SBO + (p % 2) * WG_LBO + n8 * 16), zeros past the tokens and past in_cols. */
 #define WP_SPLIT_BYTES (2 * WP_XBYTES)
 
 /* k_wsplit: one thread per 16-byte piece (8 FP16 inputs) of the split layout above. */
