@@ -110,7 +110,7 @@ __global__ void k_round16(const float *x, float *xa, uint16_t *x16, int64_t n, i
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float v = round_act(x[i], act);
-    xa[i] = v;
+    if (xa) xa[i] = v;
     x16[i] = act == 1 ? __half_as_ushort(__float2half_rn(v)) : __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 

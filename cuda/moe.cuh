@@ -51,7 +51,8 @@
 
 /* x [n] -> xa [n] rounded to act. */
 td_status cu_moe_round(const float *x, float *xa, int64_t n, int act, cudaStream_t s, td_err *err);
-/* The same, plus x16 [n]: the rounded values as FP16 (act 1) or BF16 (act 2) bit patterns. */
+/* The same, plus x16 [n]: the rounded values as FP16 (act 1) or BF16 (act 2) bit patterns; xa
+ * may be NULL (not written). */
 td_status cu_moe_round16(const float *x, float *xa, uint16_t *x16, int64_t n, int act, cudaStream_t s, td_err *err);
 
 /* y[t*y_ld + (r - r0)] = W[r] . x[t*x_ld ...] for rows r in [r0, r0 + nrows) of expert 0 and

@@ -33,10 +33,12 @@ static void mm_range_groups(cu_mm_call *m, int64_t M)
 }
 
 /* W13 + SwiGLU then W2 of one rank on the tensor-core path, both written as 16-bit patterns
- * only (act16, y16). ids == NULL with pack > 1: range groups over the tokens (shared expert). */
+ * only (act16, y16). ids == NULL with pack > 1: range groups over the tokens (shared expert).
+ * x_nst > 0: ws->sp_x holds the input in k_wgp's layout of x_nst stages (cu_mm_round_split),
+ * which the shared W13 takes when it runs on k_wgp with that layout. */
 static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, const cu_qmat *w13, const cu_qmat *w2,
                            int ri, int64_t mats, bool routed_slots, bool grouped, int64_t Mc, int64_t il,
-                           uint16_t *act16, uint16_t *y16, bool pdl, cudaStream_t s, td_err *err)
+                           uint16_t *act16, uint16_t *y16, bool pdl, int x_nst, cudaStream_t s, td_err *err)
 {
     const int64_t H = sh->H, k = sh->k;
     cu_mm_call m;
@@ -62,7 +64,13 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
     m.act = sh->act;
     m.generic = sh->generic;
     m.pdl = pdl ? 2 : 0;
-    if (!routed_slots) m.split_ws = ws->sp_sh; /* W13, then W2 once W13 has read it */
+    if (!routed_slots) {
+        m.split_ws = ws->sp_sh;
+        if (x_nst > 0 && cu_mm_wgp_stages(&m) == x_nst) { /* the round laid the input out */
+            m.split_ws = ws->sp_x;
+            m.presplit = 1;
+        }
+    }
     td_status st = cu_mm(&m, s, err);
     if (st) return st;
     m.W = *w2;
@@ -75,6 +83,8 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
     m.out_ld = H;
     m.out_n = H;
     m.epi = CU_MM_STORE;
+    m.split_ws = routed_slots ? NULL : ws->sp_sh;
+    m.presplit = 0;
     /* W2's routes and groups predate W13: its weights can load while W13 runs (the routed
      * experts' decode kernel; the shared expert's W2 waits first) */
     m.pdl = routed_slots ? 1 : 2;
@@ -95,7 +105,7 @@ static td_status group_slots(const cu_block_shape *sh, const cu_block_w *ly, con
  * its end in ev_join. The join record is made even on failure, so that a capture can end once
  * s waits for it (shared_join). */
 static td_status shared_fork(const cu_block_shape *sh, const cu_block_w *ly, const cu_block_ws *c, int r, int64_t Mc,
-                             td_err *err)
+                             int x_nst, td_err *err)
 {
     const int64_t H = sh->H, isl = sh->Is / sh->tp_size;
     const int ri = r - sh->rank0, act = sh->act;
@@ -104,8 +114,8 @@ static td_status shared_fork(const cu_block_shape *sh, const cu_block_w *ly, con
     TD_CU_TRY(err, cudaStreamWaitEvent(s2, c->ev_fork, 0));
     td_status st;
     if (ly->sh_mm) {
-        st = mm_expert(sh, c, &ly->sh13, &ly->sh2, ri, 1, false, false, Mc, isl, c->sh_act16, c->sh_out16, false, s2,
-                       err);
+        st = mm_expert(sh, c, &ly->sh13, &ly->sh2, ri, 1, false, false, Mc, isl, c->sh_act16, c->sh_out16, false, x_nst,
+                       s2, err);
     } else {
         st = cu_moe_w13(ly->sh_gate, ly->sh_up, r * isl, isl, NULL, 1, Mc, c->xa, H, act, c->sh_act, s2, err);
         if (!st) st = cu_moe_w2(ly->sh_down, r * isl, isl, NULL, Mc, c->sh_act, H, act, c->sh_out, s2, err);
@@ -141,42 +151,55 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
             return td_err_set(err, TD_ERR_UNSUPPORTED, "cuda moe: the routed part alone runs on the tensor-core path only");
         if (sh->grouped) st = group_slots(sh, ly, c, Mc, false, err);
         if (!st) st = mm_expert(sh, c, &ly->w13, &ly->w2, 0, sh->nr, true, sh->grouped, Mc, il, c->act16, c->eout16,
-                                sh->grouped, s, err);
+                                sh->grouped, 0, s, err);
         return st;
     }
-    st = mm_act ? cu_moe_round16(c->x, c->xa, c->xa16, Mc * H, act, s, err)
-                : cu_moe_round(c->x, c->xa, Mc * H, act, s, err);
-    if (st) return st;
     const bool all = sh->tp_rank < 0;
     const int r0 = all ? 0 : sh->tp_rank, r1 = all ? T : sh->tp_rank + 1;
+    const bool shared = part == CU_BLOCK_MOE && ly->has_shared;
+    const bool need_router = part == CU_BLOCK_ROUTER || !routed;
+    /* the router (and the shared expert's gate, its last row) on the tensor-core path */
+    const bool router_mm = ly->router_mm && (need_router || ly->has_shared);
+    cu_mm_call rm;
+    memset(&rm, 0, sizeof rm);
+    int x_nst = 0; /* > 0: the round lays the input out for the router's k_wgp (and the shared W13's) */
+    if (router_mm) {
+        rm.W = ly->router_q;
+        rm.mats_per_expert = 1;
+        mm_range_groups(&rm, Mc);
+        rm.in16 = c->xa16;
+        rm.in_ld = H;
+        rm.in_div = 1;
+        rm.in_cols = H;
+        rm.out = c->logits;
+        rm.out_ld = lg;
+        rm.out_n = ly->router_q.rows;
+        rm.epi = CU_MM_F32;
+        rm.act = act;
+        rm.generic = sh->generic;
+        rm.pdl = 1; /* after the round, whose output it stages after its weight loads are issued */
+        rm.split_ws = c->sp_x;
+        if (c->sp_x && H % 16 == 0) x_nst = cu_mm_wgp_stages(&rm);
+        rm.presplit = x_nst > 0;
+    }
+    /* the rounded input as floats (xa) is read by the CUDA-core kernels only */
+    const bool need_xa = !mm_act || !ly->mm || !ly->router_mm || (ly->has_shared && !ly->sh_mm);
+    if (x_nst > 0)
+        st = cu_mm_round_split(c->x, need_xa ? c->xa : NULL, c->xa16, Mc, H, act, x_nst, c->sp_x, s, err);
+    else if (mm_act)
+        st = cu_moe_round16(c->x, need_xa ? c->xa : NULL, c->xa16, Mc * H, act, s, err);
+    else
+        st = cu_moe_round(c->x, c->xa, Mc * H, act, s, err);
+    if (st) return st;
     /* The first rank's shared expert needs only the rounded input: it runs beside the router,
      * the routing and the routed experts. */
-    const bool shared = part == CU_BLOCK_MOE && ly->has_shared;
     if (shared) {
-        st = shared_fork(sh, ly, c, r0, Mc, err);
+        st = shared_fork(sh, ly, c, r0, Mc, x_nst, err);
         if (st) return shared_join(c, st, err);
     }
     bool pending = shared; /* s has not waited for the forked shared expert yet */
-    const bool need_router = part == CU_BLOCK_ROUTER || !routed;
-    if (ly->router_mm && (need_router || ly->has_shared)) {
-        cu_mm_call m;
-        memset(&m, 0, sizeof m);
-        m.W = ly->router_q;
-        m.mats_per_expert = 1;
-        mm_range_groups(&m, Mc);
-        m.in16 = c->xa16;
-        m.in_ld = H;
-        m.in_div = 1;
-        m.in_cols = H;
-        m.out = c->logits;
-        m.out_ld = lg;
-        m.out_n = ly->router_q.rows;
-        m.epi = CU_MM_F32;
-        m.act = act;
-        m.generic = sh->generic;
-        m.pdl = 1; /* after k_round16, whose output it stages after its weight loads are issued */
-        m.split_ws = c->sp_x;
-        st = cu_mm(&m, s, err);
+    if (router_mm) {
+        st = cu_mm(&rm, s, err);
     } else {
         if (need_router) st = cu_moe_linear(ly->router, 0, E, c->xa, H, Mc, c->logits, lg, s, err);
         if (!st && part == CU_BLOCK_MOE && ly->has_shared)
@@ -193,12 +216,12 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
     for (int r = r0; r < r1 && !st; r++) {
         const int ri = r - sh->rank0;
         if (shared && r > r0) { /* the next rank's shared expert, after the previous combine */
-            st = shared_fork(sh, ly, c, r, Mc, err);
+            st = shared_fork(sh, ly, c, r, Mc, x_nst, err);
             pending = true;
             if (st) break;
         }
         if (ly->mm) {
-            st = mm_expert(sh, c, &ly->w13, &ly->w2, ri, sh->nr, true, grouped, Mc, il, c->act16, c->eout16, true, s,
+            st = mm_expert(sh, c, &ly->w13, &ly->w2, ri, sh->nr, true, grouped, Mc, il, c->act16, c->eout16, true, 0, s,
                            err);
         } else {
             st = cu_moe_w13(ly->gate, ly->up, r * il, il, c->ids, k, Mc * k, c->xa, H, act, c->act, s, err);

@@ -557,10 +557,20 @@ __device__ __forceinline__ uint32_t bits16(float v, int act)
 
 __device__ __forceinline__ void store16(uint16_t *p, float v, int act) { *p = (uint16_t)bits16(v, act); }
 
+/* SwiGLU of one output from its gate and up sums: silu(gate) in double precision rounded to
+ * float, times up, rounded to the act dtype (both epilogue paths below). */
+template <int ACT>
+__device__ __forceinline__ float swiglu_h(float gate, float up)
+{
+    const double d = (double)gate;
+    const float silu = (float)(d / (1.0 + exp(-d)));
+    return round_act16(__fmul_rn(silu, up), ACT);
+}
+
 /* The SwiGLU epilogue of N token tiles (N known at compile time): the 2N evaluations of a lane
  * are computed side by side, whatever the count (past it the sums are finite stand-ins and the
  * results are not stored), so that they share their constants and overlap; then the stores of
- * the tokens within the count. Per element the same operations as mm_epilogue's loop. */
+ * the tokens within the count. */
 template <int N, int NA, int ACT>
 __device__ __forceinline__ void mm_swiglu(const cu_mm_call &c, int64_t rt, int count, const int32_t *plist,
                                           int64_t slot0, int lane, const float v[NA][4])
@@ -571,11 +581,7 @@ __device__ __forceinline__ void mm_swiglu(const cu_mm_call &c, int64_t rt, int c
 #pragma unroll
     for (int nt = 0; nt < N; nt++)
 #pragma unroll
-        for (int t = 0; t < 2; t++) {
-            const double d = (double)v[nt][t];
-            const float silu = (float)(d / (1.0 + exp(-d)));
-            h[nt][t] = round_act16(__fmul_rn(silu, v[nt][2 + t]), ACT);
-        }
+        for (int t = 0; t < 2; t++) h[nt][t] = swiglu_h<ACT>(v[nt][t], v[nt][2 + t]);
     if (col >= c.out_n) return;
 #pragma unroll
     for (int nt = 0; nt < N; nt++)
@@ -646,9 +652,7 @@ __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int
             if (c.epi == CU_MM_SWIGLU) {
                 const int64_t col = rt * 8 + g;
                 if (col >= c.out_n) continue;
-                const double d = (double)v[nt][t];
-                const float silu = (float)(d / (1.0 + exp(-d)));
-                const float h = round_act16(__fmul_rn(silu, v[nt][2 + t]), ACT);
+                const float h = swiglu_h<ACT>(v[nt][t], v[nt][2 + t]);
                 if (c.out) c.out[slot * c.out_ld + col] = h;
                 if (c.out16) store16(c.out16 + slot * c.out_ld + col, h, ACT);
             } else {
@@ -900,20 +904,20 @@ __global__ void __launch_bounds__(GM_WARPS * 32, 2) k_gemm(mm_args a)
 
 /* ==== the prefill GEMM of BF16 matrices on warpgroup MMA ========================================
  *
- * k_wgp: prefill-sized calls of BF16 matrices with range groups and FP16 inputs (the router and
- * the shared expert at 256 tokens or more) on Hopper's warpgroup MMA. The inputs come split into
- * their exact BF16 hi and lo parts by k_wsplit, launched just before into the call's split_ws
- * in the stages' own layout (below). A block covers WG * 64 rows (WG consumer warpgroups, one or
+ * k_wgp: prefill-sized calls of BF16 matrices with range groups (the router and the shared
+ * expert at 256 tokens or more) on Hopper's warpgroup MMA. FP16 inputs come split into their
+ * exact BF16 hi and lo parts, BF16 inputs as they are, by k_wsplit, launched just before into
+ * the call's split_ws in the stages' own layout (below). A block covers WG * 64 rows (WG consumer warpgroups, one or
  * two) by WP_NT * 8 = 64 tokens with two roles:
  * - warps 0..4 WG - 1, the consumers: per stage, wait for `full`, load each 16-column block's A
  *   fragments (the weights in the device layout: mma.sync's A fragment is wgmma's register A)
- *   from shared memory, issue one m64n64k16 on the hi plane and one on the lo plane into the
- *   chunk's accumulator, and give the previous stage back (`empty`) once the wgmmas that read it
+ *   from shared memory, issue one m64n64k16 on the hi plane and (FP16 inputs) one on the lo
+ *   plane into the chunk's accumulator, and give the previous stage back (`empty`) once the wgmmas that read it
  *   have completed (two sets of A registers: one stage's are still read while the next stage's
  *   load). Both warpgroups read the same input planes: the second halves the input bytes per
  *   product that a block moves from L2;
  * - warp 4 WG, the issuer: once a slot is empty, the row tiles' weights of the stage (one bulk
- *   copy per tile) and the stage's hi and lo planes (one bulk copy: wgmma's B operand, 8 x 8 core
+ *   copy per tile) and the stage's input planes (one bulk copy: wgmma's B operand, 8 x 8 core
  *   matrices without swizzle: 16-column block kb at kb * 2048 bytes, 8-token block j at
  *   j * WG_SBO, K half at WG_LBO), all completing on `full`; up to WP_STAGES stages ahead.
  * Until b617135 the issuer copied the FP16 inputs by cp.async and three converter warps split
@@ -928,8 +932,8 @@ __global__ void __launch_bounds__(GM_WARPS * 32, 2) k_gemm(mm_args a)
  * so the bits are the same; `kernels=generic` (k_mm) is the exact pair that checks it. The
  * accumulators are mma.sync's C fragments of the warp's row tile for the 8 token tiles, so
  * the epilogue is k_mm's. Needs sm_90a (wgmma); K cut into chunks of an even number of steps.
- * BF16 inputs stay on k_gemm: without the hi / lo split this kernel was not faster there; so
- * do FP16 calls without a split_ws. */
+ * Calls without a split_ws take k_gemm (BF16 inputs did too until the BF16 layout of k_wsplit:
+ * with the inputs copied per stage by the kernel itself this kernel was not faster there). */
 #define WP_NT 8
 #define WP_SS 2
 #define WP_STAGES 4
@@ -983,13 +987,45 @@ __device__ __forceinline__ void wp_step(uint32_t sbase, const uint4 *raw, uint64
 }
 
 /* The pre-split inputs (cu_mm_call::split_ws): per 64-token block tb and stage st (64 columns),
- * WP_SPLIT_BYTES at (tb * nst + st) * WP_SPLIT_BYTES: the hi plane then the lo plane, each the
- * stage's wgmma B operand exactly as k_wgp's consumers read it from shared memory, so that
- * one bulk copy lands it there (piece p of 8 columns of token jn * 8 + n8 at (p / 2) * 2048 +
- * jn * WG_SBO + (p % 2) * WG_LBO + n8 * 16), zeros past the tokens and past in_cols. */
-#define WP_SPLIT_BYTES (2 * WP_XBYTES)
+ * wp_split_bytes(ACT) at (tb * nst + st) * wp_split_bytes(ACT): FP16 inputs the hi plane then
+ * the lo plane, BF16 inputs one plane (the inputs as they are), each the stage's wgmma B
+ * operand exactly as k_wgp's consumers read it from shared memory, so that one bulk copy lands
+ * it there (piece p of 8 columns of token jn * 8 + n8 at (p / 2) * 2048 + jn * WG_SBO +
+ * (p % 2) * WG_LBO + n8 * 16), zeros past the tokens and past in_cols. */
+__host__ __device__ constexpr int wp_split_bytes(int act) { return (act == 1 ? 2 : 1) * WP_XBYTES; }
 
-/* k_wsplit: one thread per 16-byte piece (8 FP16 inputs) of the split layout above. */
+/* Piece i of the split layout (16 bytes of 8 inputs): its token t, first column c0 and where
+ * it goes in `out`. */
+template <int ACT>
+__device__ __forceinline__ uint8_t *wp_piece(int64_t i, int nst, uint8_t *out, int64_t &t, int64_t &c0)
+{
+    const int n8 = (int)(i & 7), p = (int)((i >> 3) & 7), jn = (int)((i >> 6) & 7);
+    const int64_t chunk = i >> 9, tb = chunk / nst, st = chunk - tb * nst;
+    t = tb * (WP_NT * 8) + jn * 8 + n8;
+    c0 = st * (WP_SS * 32) + p * 8;
+    return out + chunk * wp_split_bytes(ACT) + (p >> 1) * 2048 + jn * WG_SBO + (p & 1) * WG_LBO + n8 * 16;
+}
+
+/* 8 inputs (16-bit patterns) into their piece d: FP16 split into hi and lo planes, BF16 as
+ * they are. */
+template <int ACT>
+__device__ __forceinline__ void wp_put(uint8_t *d, uint4 q)
+{
+    if (ACT == 1) {
+        uint4 h, l;
+        split_hi_lo(q.x, h.x, l.x);
+        split_hi_lo(q.y, h.y, l.y);
+        split_hi_lo(q.z, h.z, l.z);
+        split_hi_lo(q.w, h.w, l.w);
+        *reinterpret_cast<uint4 *>(d) = h;
+        *reinterpret_cast<uint4 *>(d + WP_XBYTES) = l;
+    } else {
+        *reinterpret_cast<uint4 *>(d) = q;
+    }
+}
+
+/* k_wsplit: one thread per 16-byte piece (8 inputs) of the split layout above. */
+template <int ACT>
 __global__ void __launch_bounds__(256) k_wsplit(const uint16_t *in, int64_t ld, int64_t M, int64_t in_cols, int nst,
                                                 int64_t pieces, uint8_t *out)
 {
@@ -997,18 +1033,54 @@ __global__ void __launch_bounds__(256) k_wsplit(const uint16_t *in, int64_t ld, 
     cu_pdl_release();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= pieces) return;
-    const int n8 = (int)(i & 7), p = (int)((i >> 3) & 7), jn = (int)((i >> 6) & 7);
-    const int64_t chunk = i >> 9, tb = chunk / nst, st = chunk - tb * nst;
-    const int64_t t = tb * (WP_NT * 8) + jn * 8 + n8, c0 = st * (WP_SS * 32) + p * 8;
-    uint4 q = make_uint4(0u, 0u, 0u, 0u), h, l;
+    int64_t t, c0;
+    uint8_t *d = wp_piece<ACT>(i, nst, out, t, c0);
+    uint4 q = make_uint4(0u, 0u, 0u, 0u);
     if (t < M && c0 < in_cols) q = *reinterpret_cast<const uint4 *>(in + t * ld + c0);
-    split_hi_lo(q.x, h.x, l.x);
-    split_hi_lo(q.y, h.y, l.y);
-    split_hi_lo(q.z, h.z, l.z);
-    split_hi_lo(q.w, h.w, l.w);
-    uint8_t *d = out + chunk * WP_SPLIT_BYTES + (p >> 1) * 2048 + jn * WG_SBO + (p & 1) * WG_LBO + n8 * 16;
-    *reinterpret_cast<uint4 *>(d) = h;
-    *reinterpret_cast<uint4 *>(d + WP_XBYTES) = l;
+    wp_put<ACT>(d, q);
+}
+
+/* k_round_split: the block's input x [M, H] rounded to act as k_round16 rounds it (x16, and xa
+ * as floats unless NULL) and at once laid out as k_wsplit lays out x16 (one thread per piece
+ * of the layout; H % 8 == 0), so that the router and the shared W13 need no k_wsplit. The
+ * first kernel of a block call: no wait; its dependents may launch at once and wait for it. */
+template <int ACT>
+__global__ void __launch_bounds__(256) k_round_split(const float *x, float *xa, uint16_t *x16, int64_t M, int64_t H,
+                                                     int nst, int64_t pieces, uint8_t *out)
+{
+    cu_pdl_release();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= pieces) return;
+    int64_t t, c0;
+    uint8_t *d = wp_piece<ACT>(i, nst, out, t, c0);
+    uint4 q = make_uint4(0u, 0u, 0u, 0u);
+    if (t < M && c0 < H) {
+        const float4 *src = reinterpret_cast<const float4 *>(x + t * H + c0);
+        const float4 f0 = src[0], f1 = src[1];
+        const float f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
+        uint32_t b[8];
+        float r[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (ACT == 1) {
+                const __half h = __float2half_rn(f[j]);
+                b[j] = __half_as_ushort(h);
+                r[j] = __half2float(h);
+            } else {
+                const __nv_bfloat16 h = __float2bfloat16_rn(f[j]);
+                b[j] = __bfloat16_as_ushort(h);
+                r[j] = __bfloat162float(h);
+            }
+        }
+        q = make_uint4(b[0] | b[1] << 16, b[2] | b[3] << 16, b[4] | b[5] << 16, b[6] | b[7] << 16);
+        *reinterpret_cast<uint4 *>(x16 + t * H + c0) = q;
+        if (xa) {
+            float4 *dst = reinterpret_cast<float4 *>(xa + t * H + c0);
+            dst[0] = make_float4(r[0], r[1], r[2], r[3]);
+            dst[1] = make_float4(r[4], r[5], r[6], r[7]);
+        }
+    }
+    wp_put<ACT>(d, q);
 }
 
 template <int ACT, int WG>
@@ -1016,8 +1088,8 @@ __global__ void __launch_bounds__(wp_threads(WG), WG == 1 ? 2 : 1) k_wgp(mm_args
 {
     extern __shared__ __align__(128) uint4 wp_raw[];
     __shared__ __align__(8) uint64_t full[WP_STAGES], empty[WP_STAGES];
-    static_assert(ACT == 1, "k_wgp multiplies pre-split FP16 inputs");
-    constexpr int STAGE = wp_stage_bytes(ACT, WG), TILES = 4 * WG, WBYTES = wp_wbytes(WG);
+    static_assert(ACT == 1 || ACT == 2, "k_wgp takes FP16 (split) or BF16 inputs");
+    constexpr int SPLIT = wp_split_bytes(ACT), STAGE = wp_stage_bytes(ACT, WG), TILES = 4 * WG, WBYTES = wp_wbytes(WG);
     constexpr int ISSUER = 4 * WG; /* the issuing warp */
     const cu_mm_call &c = a.c;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1044,17 +1116,17 @@ __global__ void __launch_bounds__(wp_threads(WG), WG == 1 ? 2 : 1) k_wgp(mm_args
         if (lane != 0) return;
         const int live_tiles = (int)(RT - rt0 < TILES ? RT - rt0 : TILES);
         const uint8_t *wsrc = c.W.w + c.mat_off * c.W.mat_w;
-        const uint8_t *xsrc = c.split_ws + (int64_t)blockIdx.y * nst * WP_SPLIT_BYTES;
+        const uint8_t *xsrc = c.split_ws + (int64_t)blockIdx.y * nst * SPLIT;
         for (int s = 0; s < nst; s++) {
             const int slot = s % WP_STAGES;
             const uint32_t st = sbase + (uint32_t)(slot * STAGE);
             cu_mbar_wait(cu_smem_addr(&empty[slot]), ((s / WP_STAGES) & 1) ^ 1);
             const uint32_t fb = cu_smem_addr(&full[slot]);
-            cu_mbar_expect(fb, (uint32_t)(live_tiles * WP_SS * 1024 + WP_SPLIT_BYTES));
+            cu_mbar_expect(fb, (uint32_t)(live_tiles * WP_SS * 1024 + SPLIT));
             for (int w = 0; w < live_tiles; w++)
                 cu_bulk_copy(st + (uint32_t)(w * WP_SS * 1024), wsrc + ((rt0 + w) * KS + (int64_t)s * WP_SS) * 1024,
                              WP_SS * 1024, fb);
-            cu_bulk_copy(st + WBYTES, xsrc + (int64_t)s * WP_SPLIT_BYTES, WP_SPLIT_BYTES, fb);
+            cu_bulk_copy(st + WBYTES, xsrc + (int64_t)s * SPLIT, SPLIT, fb);
         }
         return;
     }
@@ -1602,11 +1674,11 @@ static cudaError_t set_smem_limit(void)
     return cudaFuncSetAttribute(k_mm<WK, ACT, NTMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX);
 }
 
-template <int WG>
+template <int ACT, int WG>
 static cudaError_t set_wgp_smem(void)
 {
-    return cudaFuncSetAttribute(k_wgp<1, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                WP_STAGES * wp_stage_bytes(1, WG));
+    return cudaFuncSetAttribute(k_wgp<ACT, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                WP_STAGES * wp_stage_bytes(ACT, WG));
 }
 
 template <int WK, int ACT, int CH>
@@ -1645,8 +1717,10 @@ td_status cu_mm_init(td_err *err)
     TD_CU_TRY(err, cudaFuncSetAttribute(k_group, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
     TD_CU_TRY(err, cudaFuncSetAttribute(k_gemm<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 / 2 - 1024));
     TD_CU_TRY(err, cudaFuncSetAttribute(k_gemm<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 / 2 - 1024));
-    TD_CU_TRY(err, set_wgp_smem<1>());
-    TD_CU_TRY(err, set_wgp_smem<2>());
+    TD_CU_TRY(err, (set_wgp_smem<1, 1>()));
+    TD_CU_TRY(err, (set_wgp_smem<1, 2>()));
+    TD_CU_TRY(err, (set_wgp_smem<2, 1>()));
+    TD_CU_TRY(err, (set_wgp_smem<2, 2>()));
     return TD_OK;
 }
 
@@ -1797,16 +1871,16 @@ static td_status launch_gemm(const mm_args &a, cudaStream_t s, td_err *err)
     return TD_OK;
 }
 
-/* k_wgp over the call's slots (range groups on one matrix, FP16 inputs): WG * 64 rows by WP_NT * 8
- * tokens per block. Two consumer warpgroups (128 rows, one block per SM) where their grid leaves
- * at most a tenth of the SMs without a block (at M = 784 the shared expert's W13, 130 blocks, and
- * W2, 260); one (64 rows, two blocks per SM) otherwise, e.g. the router's 513 rows (65 blocks of
- * 128 rows). Measured at M = 784 (ncu, docs/perf.md): the shared W13 takes 58.5 us on one, 48.1 on
- * two; the router 33.3 on one, 41.2 on two. The rows of a block change no bit (each output's
- * sequence is its own). */
-static td_status launch_wgp(const mm_args &a, cudaStream_t s, td_err *err)
+/* k_wgp over the call's slots (range groups on one matrix, FP16 or BF16 inputs): WG * 64 rows by
+ * WP_NT * 8 tokens per block. Two consumer warpgroups (128 rows, one block per SM) where their
+ * grid leaves at most a tenth of the SMs without a block (at M = 784 the shared expert's W13, 130
+ * blocks, and W2, 260); one (64 rows, two blocks per SM) otherwise, e.g. the router's 513 rows
+ * (65 blocks of 128 rows). Measured at M = 784 (ncu, docs/perf.md): the shared W13 takes 58.5 us
+ * on one, 48.1 on two; the router 33.3 on one, 41.2 on two. The rows of a block change no bit
+ * (each output's sequence is its own). */
+template <int ACT>
+static td_status launch_wgp_act(const mm_args &a, cudaStream_t s, td_err *err)
 {
-    if (a.c.act != 1) return td_err_set(err, TD_ERR_UNSUPPORTED, "cuda moe: k_wgp takes FP16 inputs only");
     const int64_t RT = a.c.W.R / 16, TB = (a.c.nslots + WP_NT * 8 - 1) / (WP_NT * 8);
     if (TB > 65535) return td_err_set(err, TD_ERR_RANGE, "cuda moe: %lld tokens in one launch", (long long)a.c.nslots);
     int dev = 0, sms = 0;
@@ -1814,25 +1888,62 @@ static td_status launch_wgp(const mm_args &a, cudaStream_t s, td_err *err)
     if (sst) return sst;
     const int wg = (RT + 7) / 8 * TB * 10 >= (int64_t)sms * 9 ? 2 : 1;
     const dim3 grid((unsigned)((RT + 4 * wg - 1) / (4 * wg)), (unsigned)TB);
-    const size_t smem = (size_t)WP_STAGES * wp_stage_bytes(1, wg);
+    const size_t smem = (size_t)WP_STAGES * wp_stage_bytes(ACT, wg);
     const bool pdl = a.c.pdl != 0;
     if (!a.c.split_ws || a.c.in_div != 1)
         return td_err_set(err, TD_ERR_INTERNAL, "cuda moe: k_wgp needs a split workspace and one input row per slot");
     const int nst = (int)(a.geo.KS / WP_SS);
-    const int64_t pieces = TB * nst * (WP_SPLIT_BYTES / 32);
-    TD_CU_TRY(err, cu_launch(k_wsplit, dim3((unsigned)((pieces + 255) / 256)), dim3(256), 0, s, pdl, a.c.in16,
-                             a.c.in_ld, a.c.nslots, a.c.in_cols, nst, pieces, a.c.split_ws));
-    TD_CU_LAUNCHED(err, "k_wsplit");
-    /* a dependent launch: k_wgp waits for the split before it reads it (cu_pdl_wait) */
-    if (wg == 2) TD_CU_TRY(err, cu_launch(k_wgp<1, 2>, grid, dim3(wp_threads(2)), smem, s, true, a));
-    else TD_CU_TRY(err, cu_launch(k_wgp<1, 1>, grid, dim3(wp_threads(1)), smem, s, true, a));
+    const int64_t pieces = TB * nst * (WP_XBYTES / 16);
+    if (!a.c.presplit) {
+        TD_CU_TRY(err, cu_launch(k_wsplit<ACT>, dim3((unsigned)((pieces + 255) / 256)), dim3(256), 0, s, pdl, a.c.in16,
+                                 a.c.in_ld, a.c.nslots, a.c.in_cols, nst, pieces, a.c.split_ws));
+        TD_CU_LAUNCHED(err, "k_wsplit");
+    }
+    /* a dependent launch after k_wsplit: k_wgp waits for the split before it reads it
+     * (cu_pdl_wait); presplit, the call's own pdl */
+    const bool dep = a.c.presplit ? pdl : true;
+    if (wg == 2) TD_CU_TRY(err, cu_launch(k_wgp<ACT, 2>, grid, dim3(wp_threads(2)), smem, s, dep, a));
+    else TD_CU_TRY(err, cu_launch(k_wgp<ACT, 1>, grid, dim3(wp_threads(1)), smem, s, dep, a));
     TD_CU_LAUNCHED(err, "k_wgp");
+    return TD_OK;
+}
+
+static td_status launch_wgp(const mm_args &a, cudaStream_t s, td_err *err)
+{
+    return a.c.act == 1 ? launch_wgp_act<1>(a, s, err) : launch_wgp_act<2>(a, s, err);
+}
+
+/* The stages of k_wgp's layout when cu_mm runs call c (whose split_ws is not tested) on k_wgp,
+ * else 0: BF16 matrices, range groups, prefill-sized, one input row per slot, K in chunks of an
+ * even number of steps. */
+static int wgp_stages(const cu_mm_call *c, const mm_geo &g)
+{
+    if (c->W.kind == CU_W_NVFP4 || c->nslots < 256 || c->perm || c->ids || c->generic || c->in_div != 1 ||
+        g.chunk % WP_SS != 0 || g.KS % WP_SS != 0 || (c->act != 1 && c->act != 2))
+        return 0;
+    return (int)(g.KS / WP_SS);
+}
+
+int cu_mm_wgp_stages(const cu_mm_call *c) { return wgp_stages(c, geo_of(c->W.K)); }
+
+td_status cu_mm_round_split(const float *x, float *xa, uint16_t *x16, int64_t M, int64_t H, int act, int nst,
+                            uint8_t *split, cudaStream_t s, td_err *err)
+{
+    if (M <= 0) return TD_OK;
+    if ((act != 1 && act != 2) || nst <= 0 || H <= 0 || H % 8 || H > (int64_t)nst * WP_SS * 32 || !split)
+        return td_err_set(err, TD_ERR_ARG, "cuda moe: split rounding of %lld columns in %d stages (act %d)", (long long)H,
+                          nst, act);
+    const int64_t TB = (M + WP_NT * 8 - 1) / (WP_NT * 8), pieces = TB * nst * (WP_XBYTES / 16);
+    const dim3 grid((unsigned)((pieces + 255) / 256));
+    if (act == 1) k_round_split<1><<<grid, 256, 0, s>>>(x, xa, x16, M, H, nst, pieces, split);
+    else k_round_split<2><<<grid, 256, 0, s>>>(x, xa, x16, M, H, nst, pieces, split);
+    TD_CU_LAUNCHED(err, "k_round_split");
     return TD_OK;
 }
 
 int64_t cu_mm_split_bytes(int64_t tokens, int64_t K)
 {
-    return (tokens + WP_NT * 8 - 1) / (WP_NT * 8) * ((K + WP_SS * 32 - 1) / (WP_SS * 32)) * WP_SPLIT_BYTES;
+    return (tokens + WP_NT * 8 - 1) / (WP_NT * 8) * ((K + WP_SS * 32 - 1) / (WP_SS * 32)) * wp_split_bytes(1);
 }
 
 td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
@@ -1866,12 +1977,11 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     dim3 grid((unsigned)((RT + rpb - 1) / rpb), (unsigned)c->max_groups);
     if (dec_fits(&c->W, c->generic, a.xrows))
         return launch_dec_pick(a, WK, c->act, a.geo.chunk == 10, s, err);
-    /* k_wgp: FP16 inputs with a split workspace (split once by k_wsplit). With BF16 inputs (no
-     * hi / lo split, half the products) k_gemm was as fast or faster (docs/perf.md, "The BF16
-     * GEMMs on warpgroup MMA"); FP16 calls without a workspace take k_gemm too */
-    if (WK == 2 && c->act == 1 && !a.split && !c->perm && !c->ids && !c->generic && a.geo.chunk % WP_SS == 0 &&
-        a.geo.KS % WP_SS == 0 && c->split_ws && c->in_div == 1)
-        return launch_wgp(a, s, err);
+    /* k_wgp: calls with a split workspace (FP16 inputs split once by k_wsplit, BF16 inputs laid
+     * out once by it); calls without one take k_gemm */
+    if (c->split_ws && wgp_stages(c, a.geo)) return launch_wgp(a, s, err);
+    if (c->presplit)
+        return td_err_set(err, TD_ERR_INTERNAL, "cuda moe: a presplit input for a call that does not run on k_wgp");
     if (WK == 2 && !a.split && !c->perm && !c->ids && c->in_div == 1 && !c->generic && a.geo.chunk <= GM_CHUNK) {
         bool use = false;
         const td_status st = gemm_fills(a, &use, err);
@@ -1891,4 +2001,175 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     if (WK == 0) return c->act == 1 ? launch_nt<0, 1>(a, ntmax, grid, s, err) : launch_nt<0, 2>(a, ntmax, grid, s, err);
     if (WK == 1) return c->act == 1 ? launch_nt<1, 1>(a, ntmax, grid, s, err) : launch_nt<1, 2>(a, ntmax, grid, s, err);
     return c->act == 1 ? launch_nt<2, 1>(a, ntmax, grid, s, err) : launch_nt<2, 2>(a, ntmax, grid, s, err);
+}
+
+/* ==== check of cu_mm_round_split ================================================================ */
+
+/* The layout's byte offset of input (t, c) in plane `plane` (0 hi / BF16, 1 lo), from the
+ * formula of the split layout's comment: piece p = (c % 64) / 8 of token t = jn * 8 + n8 at
+ * (p / 2) * 2048 + jn * WG_SBO + (p % 2) * WG_LBO + n8 * 16 of its stage's plane. broken: the
+ * two roles of p swapped (the check's own test). */
+static size_t split_offset(int64_t t, int64_t c, int nst, int planes, int plane, int broken)
+{
+    const int64_t tb = t / 64, jn = (t % 64) / 8, n8 = t % 8, st = c / 64, p = (c % 64) / 8;
+    const int64_t kb = broken ? (p & 3) : p / 2, half = broken ? p / 4 : p % 2;
+    return (size_t)((tb * nst + st) * planes * 8192 + plane * 8192 + kb * 2048 + jn * 256 + half * 128 + n8 * 16 +
+                    (c % 8) * 2);
+}
+
+static bool same16(uint16_t a, uint16_t b, int act)
+{
+    if (a == b) return true;
+    const float fa = act == 1 ? td_f16_to_f32(a) : td_bf16_to_f32(a), fb = act == 1 ? td_f16_to_f32(b) : td_bf16_to_f32(b);
+    return fa != fa && fb != fb; /* NaNs: any payload */
+}
+
+static bool same_bf16(uint16_t a, uint16_t b)
+{
+    return a == b || (td_bf16_to_f32(a) != td_bf16_to_f32(a) && td_bf16_to_f32(b) != td_bf16_to_f32(b));
+}
+
+/* One case: M x H inputs, nst stages, act; returns 0, 1 (mismatch, msg), -1 (CUDA error). */
+static int round_split_case(int64_t M, int64_t H, int nst, int act, uint64_t seed, int broken, char *msg, size_t cap)
+{
+    const int64_t n = M * H, canary = 64;
+    const int planes = act == 1 ? 2 : 1;
+    const size_t sbytes = (size_t)cu_mm_split_bytes(M, (int64_t)nst * 64) / (size_t)(3 - planes);
+    float *hx = (float *)malloc((size_t)n * 4), *hxa = (float *)malloc((size_t)(n + canary) * 4);
+    uint16_t *h16 = (uint16_t *)malloc((size_t)(n + canary) * 2);
+    uint8_t *hs = (uint8_t *)malloc(sbytes + 256);
+    float *dx = NULL, *dxa = NULL;
+    uint16_t *d16 = NULL;
+    uint8_t *ds = NULL;
+    int rc = -1;
+    static const float special[] = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.0f, 65520.0f, -7e4f, 1e-7f, -6e-8f,
+                                    3e-8f, 5.96046448e-8f, 1e-40f, 3.0e38f, INFINITY, -INFINITY, NAN, 1.00390625f,
+                                    1.005859375f, 0.333333343f};
+    if (!hx || !hxa || !h16 || !hs) goto done;
+    {
+        uint64_t r = seed;
+        for (int64_t i = 0; i < n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            const uint32_t u = (uint32_t)(r >> 32);
+            if ((u & 15) == 0) {
+                hx[i] = special[(u >> 4) % (sizeof special / sizeof special[0])];
+            } else {
+                static const float scales[4] = {1e-3f, 1.0f, 3.0f, 3e4f};
+                const float z = ((float)(u >> 8) / 16777216.0f) * 2.0f - 1.0f;
+                hx[i] = z * scales[(u >> 4) & 3];
+            }
+        }
+    }
+    if (cudaMalloc(&dx, (size_t)n * 4) || cudaMalloc(&dxa, (size_t)(n + canary) * 4) ||
+        cudaMalloc(&d16, (size_t)(n + canary) * 2) || cudaMalloc(&ds, sbytes + 256))
+        goto done;
+    if (cudaMemcpy(dx, hx, (size_t)n * 4, cudaMemcpyHostToDevice) || cudaMemset(dxa, 0xFF, (size_t)(n + canary) * 4) ||
+        cudaMemset(d16, 0xFF, (size_t)(n + canary) * 2) || cudaMemset(ds, 0xA5, sbytes + 256))
+        goto done;
+    {
+        td_err err;
+        memset(&err, 0, sizeof err);
+        if (cu_mm_round_split(dx, dxa, d16, M, H, act, nst, ds, 0, &err)) {
+            snprintf(msg, cap, "cu_mm_round_split: %s", err.msg);
+            rc = 1;
+            goto done;
+        }
+    }
+    if (cudaDeviceSynchronize() || cudaMemcpy(hxa, dxa, (size_t)(n + canary) * 4, cudaMemcpyDeviceToHost) ||
+        cudaMemcpy(h16, d16, (size_t)(n + canary) * 2, cudaMemcpyDeviceToHost) ||
+        cudaMemcpy(hs, ds, sbytes + 256, cudaMemcpyDeviceToHost))
+        goto done;
+    rc = 1;
+    for (int64_t i = 0; i < n + canary; i++) {
+        uint32_t xb;
+        memcpy(&xb, &hxa[i], 4);
+        if (i >= n) {
+            if (xb != 0xFFFFFFFFu || h16[i] != 0xFFFF) {
+                snprintf(msg, cap, "M %lld H %lld act %d: element %lld past the inputs written", (long long)M,
+                         (long long)H, act, (long long)i);
+                goto done;
+            }
+            continue;
+        }
+        const uint16_t want = act == 1 ? td_f32_to_f16(hx[i]) : td_f32_to_bf16(hx[i]);
+        const float wf = act == 1 ? td_f16_to_f32(want) : td_bf16_to_f32(want);
+        if (!same16(h16[i], want, act) || !(memcmp(&hxa[i], &wf, 4) == 0 || (wf != wf && hxa[i] != hxa[i]))) {
+            snprintf(msg, cap, "M %lld H %lld act %d: input %lld (%g) rounds to 0x%04x (%g as float), expected 0x%04x",
+                     (long long)M, (long long)H, act, (long long)i, (double)hx[i], h16[i], (double)hxa[i], want);
+            goto done;
+        }
+    }
+    {
+        const int64_t T = (M + 63) / 64 * 64;
+        size_t covered = 0;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t c = 0; c < (int64_t)nst * 64; c++) {
+                const uint16_t v = t < M && c < H ? (act == 1 ? td_f32_to_f16(hx[t * H + c]) : td_f32_to_bf16(hx[t * H + c]))
+                                                  : (uint16_t)0;
+                uint16_t want[2] = {v, 0};
+                if (act == 1) {
+                    const float f = td_f16_to_f32(v);
+                    want[0] = td_f32_to_bf16(f);
+                    want[1] = td_f32_to_bf16(f - td_bf16_to_f32(want[0]));
+                }
+                for (int pl = 0; pl < planes; pl++) {
+                    const size_t off = split_offset(t, c, nst, planes, pl, broken);
+                    uint16_t got;
+                    memcpy(&got, hs + off, 2);
+                    covered += 2;
+                    if (!same_bf16(got, want[pl])) {
+                        snprintf(msg, cap,
+                                 "M %lld H %lld act %d: token %lld column %lld plane %d is 0x%04x at byte %zu, expected "
+                                 "0x%04x",
+                                 (long long)M, (long long)H, act, (long long)t, (long long)c, pl, got, off, want[pl]);
+                        goto done;
+                    }
+                }
+            }
+        for (size_t b = sbytes; b < sbytes + 256; b++)
+            if (hs[b] != 0xA5) {
+                snprintf(msg, cap, "M %lld H %lld act %d: byte %zu past the layout written", (long long)M, (long long)H,
+                         act, b);
+                goto done;
+            }
+        if (covered != sbytes) {
+            snprintf(msg, cap, "M %lld H %lld act %d: the layout has %zu bytes, the inputs cover %zu", (long long)M,
+                     (long long)H, act, sbytes, covered);
+            goto done;
+        }
+    }
+    rc = 0;
+done:
+    if (rc < 0) snprintf(msg, cap, "CUDA: %s", cudaGetErrorString(cudaGetLastError()));
+    cudaFree(dx);
+    cudaFree(dxa);
+    cudaFree(d16);
+    cudaFree(ds);
+    free(hx);
+    free(hxa);
+    free(h16);
+    free(hs);
+    return rc;
+}
+
+extern "C" int td_cuda_round_split_check(int broken, char *msg, size_t cap)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        snprintf(msg, cap, "no CUDA device");
+        return -1;
+    }
+    static const struct {
+        int64_t M, H;
+        int nst;
+    } cases[] = {{1, 64, 1}, {63, 200, 4}, {300, 256, 4}, {130, 2560, 40}, {65, 520, 10}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int act = 1; act <= 2; act++) {
+            const int rc = round_split_case(cases[i].M, cases[i].H, cases[i].nst, act, 0x5EED0000u + i * 2 + act, broken,
+                                            msg, cap);
+            if (rc) return rc;
+        }
+    snprintf(msg, cap, "ok");
+    return 0;
 }

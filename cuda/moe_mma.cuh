@@ -62,13 +62,13 @@
  * warps for one 8-token tile, 16 for two or three) and take contiguous ranges of (group, one
  * row tile per warp) items. With `pdl` a launch may start while the previous kernel runs (W2
  * loads its weights while W13 computes). Prefill-sized calls of BF16 matrices with range
- * groups (the router and the shared expert) run on k_wgp with FP16 inputs (sm_90a's warpgroup
- * MMA, 64 or 128 rows by 64 tokens per block: a launch before it splits the inputs into hi and
- * lo once, into the call's split_ws in the stages' layout; an issuer copies weights and split
- * inputs into a ring of stages, one or two consumer warpgroups issue the wgmmas; the same sums
- * in the same order) and on k_gemm with BF16
- * inputs (blocks of 8 row tiles by 32 tokens, the tokens' input rows staged one K chunk at a
- * time, where its grid has a block for every SM). `generic` keeps every call on k_mm, so the kernels can be compared.
+ * groups (the router and the shared expert) run on k_wgp when the call has a split_ws (sm_90a's
+ * warpgroup MMA, 64 or 128 rows by 64 tokens per block: a launch before it lays the inputs out
+ * once in the stages' layout, FP16 inputs split into their BF16 hi and lo parts, BF16 inputs as
+ * they are, into the call's split_ws; an issuer copies weights and inputs into a ring of stages,
+ * one or two consumer warpgroups issue the wgmmas; the same sums in the same order) and on
+ * k_gemm without one (blocks of 8 row tiles by 32 tokens, the tokens' input rows staged one K
+ * chunk at a time, where its grid has a block for every SM). `generic` keeps every call on k_mm, so the kernels can be compared.
  *
  * Groups: a group is one expert (matrix) and up to `pack` slots. Direct dispatch: group g is
  * slot g alone. Grouped dispatch: cu_mm_group() sorts slots by expert (ascending expert,
@@ -165,12 +165,16 @@ typedef struct cu_mm_call {
     int64_t out_ld, out_n;
     int epi, act;
     int generic;                 /* 1: always k_mm (the decode kernel k_dec is never used) */
-    uint8_t *split_ws;           /* k_wgp (prefill-sized BF16 calls, FP16 inputs, in_div 1):
-                                    scratch of cu_mm_split_bytes(nslots, W.K) bytes where a
-                                    launch before k_wgp writes the inputs' exact BF16 hi / lo
-                                    split in k_wgp's stage layout, which k_wgp copies a stage
-                                    at a time with one bulk copy; NULL: such calls take
-                                    k_gemm. Never changes a bit */
+    uint8_t *split_ws;           /* k_wgp (prefill-sized BF16 calls, in_div 1): scratch of
+                                    cu_mm_split_bytes(nslots, W.K) bytes where a launch before
+                                    k_wgp writes the inputs in k_wgp's stage layout (FP16
+                                    inputs: their exact BF16 hi / lo split; BF16 inputs: as
+                                    they are), which k_wgp copies a stage at a time with one
+                                    bulk copy; NULL: such calls take k_gemm. Never changes a
+                                    bit */
+    int presplit;                /* 1: split_ws holds the inputs in that layout already
+                                    (cu_mm_round_split wrote them): no split launch; only for
+                                    a call that runs on k_wgp (cu_mm_wgp_stages > 0) */
     int pdl;                     /* programmatic dependent launch (common.cuh): 0 none; 2 the
                                     kernel may start while the previous kernel on the stream
                                     runs and waits for it first; 1 the same, but the kernel
@@ -182,7 +186,18 @@ typedef struct cu_mm_call {
 } cu_mm_call;
 
 td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err);
-/* Bytes of a cu_mm_call's split_ws for `tokens` tokens and K (padded) columns. */
+/* Bytes of a cu_mm_call's split_ws for `tokens` tokens and K (padded) columns (FP16 inputs; BF16
+ * inputs use half of it). */
 int64_t cu_mm_split_bytes(int64_t tokens, int64_t K);
+/* The stages (of 64 columns) of k_wgp's input layout for call c when cu_mm runs it on k_wgp
+ * given a split_ws; 0 when it would not. */
+int cu_mm_wgp_stages(const cu_mm_call *c);
+/* x [M, H] (rows of H floats) rounded to act (1 fp16, 2 bf16) as cu_moe_round16 rounds it:
+ * x16 [M, H] the 16-bit patterns, xa [M, H] as floats unless NULL, and the same inputs in
+ * k_wgp's layout of nst stages (nst * 64 >= H, H % 8 == 0) into split, of
+ * cu_mm_split_bytes(M, nst * 64) bytes, for calls with cu_mm_wgp_stages() == nst, the same
+ * M and x16 as input (presplit). The first kernel of a block: launched without waiting. */
+td_status cu_mm_round_split(const float *x, float *xa, uint16_t *x16, int64_t M, int64_t H, int act, int nst,
+                            uint8_t *split, cudaStream_t s, td_err *err);
 
 #endif /* TD_CUDA_MOE_MMA_CUH */

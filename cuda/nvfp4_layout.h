@@ -1,4 +1,5 @@
-/* nvfp4_layout.h — host check of the tensor-core path's NVFP4 word layout (cuda/moe_mma.cu).
+/* nvfp4_layout.h — checks of the tensor-core path's layouts (cuda/moe_mma.cu): the NVFP4 word
+ * layout (host) and the input layout of cu_mm_round_split (GPU).
  *
  * Contract: td_cuda_nvfp4_layout_check() packs codes with the packer's bit placement and
  * decodes them with the kernels' own decode (the same inline function, run on the host): the
@@ -20,6 +21,17 @@ extern "C" {
 #endif
 
 int td_cuda_nvfp4_layout_check(int broken, char *msg, size_t cap);
+
+/* Check of cu_mm_round_split (cuda/moe_mma.cuh) on the GPU: seeded inputs with edge values
+ * (signed zeros, FP16 / BF16 subnormals and overflow, infinities, NaN, rounding ties) at
+ * several shapes (1 to 300 tokens, columns padded to the stages or not), FP16 and BF16;
+ * outputs poisoned, with canaries past them. x16 and xa must be the host's RNE conversions
+ * (core/formats.h; NaNs of any payload), and every 2 bytes of the k_wgp layout the input's
+ * BF16 hi / lo split (FP16) or its bits (BF16) at the offset the layout's formula gives, zeros
+ * for padding, nothing past it. Returns 0 ("ok"), 1 and the first mismatch, or -1 without a
+ * CUDA device. broken = 1 computes the reference offsets with the piece's two roles swapped,
+ * which must fail: the check's own test. */
+int td_cuda_round_split_check(int broken, char *msg, size_t cap);
 
 #ifdef __cplusplus
 }

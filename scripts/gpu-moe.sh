@@ -22,10 +22,13 @@
 #             counts and stall samples (sass_dec_M784.csv.gz), and the k_wgp GEMMs' (router,
 #             shared W13 and W2) throughput, memory, scheduler and warp-state sections with
 #             their own per-instruction counts (sass_wgp_M784.csv.gz)
+#   wgp784    the router's and shared expert's GEMMs and their input launches under ncu at
+#             M = 784 (fp16, bf16), this binary and moe_decode_base
 #   ab        A/B of the bench against a baseline binary build/device/moe_decode_base (built
 #             from another commit, e.g. a git worktree, and carried beside the bundle): fp16
-#             direct and grouped, M = 1..16 and 784 grouped, the two binaries alternating, two
-#             runs each (routed and block times per call, no cuBLAS)
+#             direct and grouped, M = 1..16 and 784 grouped, bf16 grouped M = 1, 16, 784, the
+#             two binaries alternating, two runs each (routed and block times per call, no
+#             cuBLAS)
 set -u
 out=$1; shift
 secs=${*:-tests bench audit sanitize}
@@ -71,12 +74,15 @@ sanitize)
   # hidden 320 / inter 160: chunks of 10 and 5 steps, so W13 and W2 run on the decode kernel
   # (one, two and three 8-token tiles at M = 1, 9 and 300) and the grouping kernel on 3,000 slots
   t racecheck compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,300 --iters 2 --sets 1 --act fp16 --dispatch grouped
-  # 300 tokens, hidden 512, shared expert 2048, FP16 inputs: router, shared W13 and W2 run on
-  # k_wgp (wgmma; issuer, converter and consumer warps on mbarriers, the ring wrapping several
-  # times; the shared W13's 160 blocks of 128 rows with two consumer warpgroups, the router and
-  # W2 with one); the same under memcheck
-  t racecheck_parts compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 16 --hidden 512 --inter 64 --shared 2048 --topk 4 --M 300 --iters 1 --sets 1 --act fp16
-  t memcheck_parts compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 16 --hidden 512 --inter 64 --shared 2048 --topk 4 --M 300 --iters 1 --sets 1 --act fp16 ;;
+  # 300 tokens, hidden 512, shared expert 2048: router, shared W13 and W2 run on k_wgp (wgmma;
+  # issuer and consumer warps on mbarriers, the ring wrapping several times; the shared W13's
+  # 160 blocks of 128 rows with two consumer warpgroups, the router and W2 with one; the input
+  # laid out by the round, the shared W2's by k_wsplit), FP16 and BF16 inputs; the same under
+  # memcheck
+  for a in fp16 bf16; do
+    t racecheck_parts_$a compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 16 --hidden 512 --inter 64 --shared 2048 --topk 4 --M 300 --iters 1 --sets 1 --act $a
+    t memcheck_parts_$a compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 16 --hidden 512 --inter 64 --shared 2048 --topk 4 --M 300 --iters 1 --sets 1 --act $a
+  done ;;
 kernels)
   for m in 1 4 16; do
     t ncu_block_M$m ncu --clock-control none --metrics gpu__time_duration.sum,sm__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
@@ -108,8 +114,17 @@ ab)
     for bin in moe_decode moe_decode_base; do
       t ab_${bin}_direct_$run $B/$bin --no-cublas --act fp16 --M 1,2,4,8,16
       t ab_${bin}_grouped_$run $B/$bin --no-cublas --act fp16 --dispatch grouped --M 1,4,8,16,784
+      t ab_${bin}_bf16_$run $B/$bin --no-cublas --act bf16 --dispatch grouped --M 1,16,784
     done
   done ;;
+wgp784)
+  # the prefill-sized BF16 GEMMs and the launches that prepare their inputs timed alone under
+  # ncu (M = 784 grouped, fp16 and bf16), this binary and the baseline's when it is there
+  for a in fp16 bf16; do for bin in moe_decode moe_decode_base; do
+    [ -x $B/$bin ] || continue
+    t ncu784_${bin}_$a ncu --clock-control none --kernel-name regex:'k_round|k_wsplit|k_wgp|k_gemm' --launch-count 10 \
+      --metrics gpu__time_duration.sum $B/$bin --no-cublas --M 784 --iters 1 --sets 1 --act $a --dispatch grouped
+  done; done ;;
 profile)
   # machine code of every instance of the two expert kernels (names are mangled: filter by header)
   cuobjdump -sass $B/moe_decode > "$out/logs/sass_all.txt" 2>&1

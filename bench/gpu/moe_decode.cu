@@ -28,8 +28,9 @@
  *           experts, pointer arrays prepared per route set) plus the engine's routing and
  *           combine kernels and a SwiGLU kernel; the shared expert on a second stream from
  *           the rounded input on, as in the engine
- * --no-presplit: no split workspace (cu_mm_call::split_ws): the prefill-sized BF16 GEMMs with
- * FP16 inputs (router, shared expert) run on k_gemm instead of k_wgp (the same bits).
+ * --no-presplit: no split workspace (cu_mm_call::split_ws): the prefill-sized BF16 GEMMs
+ * (router, shared expert) run on k_gemm instead of k_wgp, and the block's input is rounded
+ * without being laid out for k_wgp (the same bits).
  * --prio: the block's main stream (router, routing, routed experts, combine) or its
  * shared-expert stream created at the device's greatest priority, the other at its least, and
  * every graph instantiated with cudaGraphInstantiateFlagUseNodePriority (kernel nodes take

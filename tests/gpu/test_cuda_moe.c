@@ -30,8 +30,10 @@
  * - the decode kernel (k_dec) against the general kernel (kernels=generic), bit for bit, for
  *   fp16/bf16, prepared/raw, direct/grouped, graphs, TP slices, on a shape where every routed
  *   projection takes it, and against ref;
- * - prefill-sized calls (the BF16 router and shared expert on k_wgp with FP16 inputs, on k_gemm
- *   with BF16 inputs; the NVFP4 projections
+ * - the block's input rounded and laid out for k_wgp in one launch (cu_mm_round_split) against
+ *   the host's conversions and the layout's formula, with edge values and canaries;
+ * - prefill-sized calls (the BF16 router and shared expert on k_wgp, its inputs laid out by the
+ *   round, FP16 split into hi and lo, BF16 as they are; the NVFP4 projections
  *   with one warp per row tile) against decode-sized calls of the same tokens, bit for bit,
  *   and against ref; kernels=generic (k_mm, which at hidden 2048 stages K in two halves)
  *   against the default kernels on every fixture (fp16, and bf16 on two TP ranks);
@@ -327,7 +329,7 @@ static const exact_pair exact_pairs[] = {
     {"cuda:act_dtype=fp16", "cuda:act_dtype=fp16,graphs=on", false},
     {"cuda:act_dtype=bf16,moe_dispatch=grouped", "cuda:act_dtype=bf16,moe_dispatch=grouped,graphs=on", false},
     {"cuda:act_dtype=fp32", "cuda:act_dtype=fp32,graphs=on", false},
-    /* prefill-sized BF16 router and shared expert on k_wgp (fp16) / k_gemm (bf16) against k_mm */
+    /* prefill-sized BF16 router and shared expert on k_wgp against k_mm */
     {"cuda:act_dtype=fp16", "cuda:act_dtype=fp16,kernels=generic", false},
     {"cuda:act_dtype=bf16,tp_size=2,tp_rank=all", "cuda:act_dtype=bf16,tp_size=2,tp_rank=all,kernels=generic", false},
 };
@@ -537,9 +539,9 @@ static void cuda_decode_kernel(void **state)
 }
 
 /* Prefill-sized calls take other paths than decode-sized ones (the BF16 router and shared
- * expert with FP16 inputs on k_wgp, wgmma over 64 or 128 rows by 64 tokens per block, the
- * inputs split into hi and lo in a ring of stages; with BF16 inputs on k_gemm, 32 tokens per
- * block with the inputs staged chunk by chunk; with
+ * expert on k_wgp, wgmma over 64 or 128 rows by 64 tokens per block, the inputs laid out by
+ * the round (router, shared W13) or by k_wsplit (shared W2), FP16 inputs split into hi and
+ * lo, BF16 inputs as they are, in a ring of stages; with
  * kernels=generic on k_mm, which with FP16 inputs at this K stages its rows in two halves of K,
  * one after the other; the NVFP4 experts with a row tile's chunks on one warp instead of
  * several), which by the numerics contract give the same bits. Hidden 2048 (64 steps in 8
@@ -820,6 +822,26 @@ static void cuda_nvfp4_layout(void **state)
     assert_non_null(strstr(msg, "register 2"));
 }
 
+/* The block's input rounded and laid out for k_wgp in one launch (cu_mm_round_split), on the
+ * GPU, against the host's conversions and the layout's formula (cuda/nvfp4_layout.h); a
+ * reference with the layout's roles swapped must fail. */
+static void cuda_round_split(void **state)
+{
+    (void)state;
+    char msg[320];
+    const int rc = td_cuda_round_split_check(0, msg, sizeof msg);
+    if (rc < 0) {
+        print_message("  skipped: %s\n", msg);
+        skip();
+    }
+    print_message("  round + k_wgp layout: %s\n", msg);
+    assert_int_equal(rc, 0);
+    assert_string_equal(msg, "ok");
+    assert_int_equal(td_cuda_round_split_check(1, msg, sizeof msg), 1);
+    print_message("  a wrong layout is caught: %s\n", msg);
+    assert_non_null(strstr(msg, "expected"));
+}
+
 static void cuda_rejects(void **state)
 {
     (void)state;
@@ -869,6 +891,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(cuda_nvfp4_layout),
+        cmocka_unit_test(cuda_round_split),
         cmocka_unit_test(cuda_rejects),
         cmocka_unit_test(cuda_vs_ref_modelopt),
         cmocka_unit_test(cuda_vs_ref_ct_bf16_shared),
