@@ -281,6 +281,8 @@ static td_status pack_set(cu_engine *c, const host_lin *hg, const host_lin *hu, 
     out->kind = kind;
     out->raw = raw;
     out->conv = kind == CU_W_NVFP4 && hg[0].conv == TD_NVFP4_CT;
+    /* NVFP4 words in the placement of the engine's act_dtype (moe_mma.cuh) */
+    out->bf16_words = kind == CU_W_NVFP4 && c->base.variant.act_dtype == TD_ACT_BF16;
     out->rows = rows;
     out->cols = cols;
     out->R = R;
@@ -331,7 +333,7 @@ static td_status pack_set(cu_engine *c, const host_lin *hg, const host_lin *hu, 
                 rg[i] = src->global;
             }
             if (kind == CU_W_NVFP4)
-                cu_pack_nvfp4((const uint8_t *const *)rw, rs, rg, out->conv, raw, rows, cols, hw, hs);
+                cu_pack_nvfp4((const uint8_t *const *)rw, rs, rg, out->conv, raw, out->bf16_words, rows, cols, hw, hs);
             else
                 cu_pack_bf16((const uint16_t *const *)rw, rows, cols, hw);
             gl[m] = w13 ? make_float2(hg[e].global, hu[e].global) : make_float2(hg[e].global, hg[e].global);

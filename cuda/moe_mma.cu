@@ -48,14 +48,15 @@ static void eff_table(float global, int conv, uint16_t lut[256])
 
 /* Bit positions of fragment element j's code in its 32-bit word (see the header): register
  * J = j % 4, the low half for j < 4, the high half (+16) for j >= 4; magnitude bits at
- * mag_at[J] .. mag_at[J] + 2, the sign at sign_at[J]. */
-static const int mag_at[4] = {9, 6, 3, 0};
+ * mag_at[P][J] .. mag_at[P][J] + 2, the sign at sign_at[J]; P = 0 the FP16 placement, 1 the
+ * BF16 one. */
+static const int mag_at[2][4] = {{9, 6, 3, 0}, {6, 3, 9, 0}};
 static const int sign_at[4] = {15, 12, 14, 13};
 
-static uint32_t place(uint32_t code, int j)
+static uint32_t place(uint32_t code, int j, int P)
 {
     const int J = j & 3, hi = j >= 4 ? 16 : 0;
-    return (code & 7u) << (mag_at[J] + hi) | (code >> 3 & 1u) << (sign_at[J] + hi);
+    return (code & 7u) << (mag_at[P][J] + hi) | (code >> 3 & 1u) << (sign_at[J] + hi);
 }
 
 static uint32_t nib(const uint8_t *row, int64_t c, int64_t cols)
@@ -64,8 +65,9 @@ static uint32_t nib(const uint8_t *row, int64_t c, int64_t cols)
 }
 
 void cu_pack_nvfp4(const uint8_t *const *row_w, const uint8_t *const *row_s, const float *row_global, int conv,
-                   int raw, int64_t rows, int64_t cols, uint8_t *w, uint8_t *s)
+                   int raw, int bf16, int64_t rows, int64_t cols, uint8_t *w, uint8_t *s)
 {
+    const int P = bf16 ? 1 : 0;
     int64_t R, K, wb, sp, sr;
     cu_qmat_geometry(CU_W_NVFP4, rows, cols, &R, &K, &wb, &sp, &sr);
     const int64_t KS = K / 32;
@@ -86,13 +88,14 @@ void cu_pack_nvfp4(const uint8_t *const *row_w, const uint8_t *const *row_s, con
                         /* bytes holding columns (2q, 2q+1) and (2q+8, 2q+9) of both rows */
                         const uint32_t b0 = wl[kb * 8 + q], b1 = wh[kb * 8 + q];
                         const uint32_t b2 = wl[kb * 8 + q + 4], b3 = wh[kb * 8 + q + 4];
-                        word = place(b0 & 15u, 0) | place(b1 & 15u, 1) | place(b2 & 15u, 2) | place(b3 & 15u, 3) |
-                               place(b0 >> 4, 4) | place(b1 >> 4, 5) | place(b2 >> 4, 6) | place(b3 >> 4, 7);
+                        word = place(b0 & 15u, 0, P) | place(b1 & 15u, 1, P) | place(b2 & 15u, 2, P) |
+                               place(b3 & 15u, 3, P) | place(b0 >> 4, 4, P) | place(b1 >> 4, 5, P) |
+                               place(b2 >> 4, 6, P) | place(b3 >> 4, 7, P);
                     } else {
                         word = 0;
                         for (int j = 0; j < 8; j++) {
                             const uint8_t *row = frag_row[j] ? wh : wl;
-                            word |= place(nib(row, kb * 16 + 2 * q + frag_col[j], cols), j);
+                            word |= place(nib(row, kb * 16 + 2 * q + frag_col[j], cols), j, P);
                         }
                     }
                     uint8_t *dst = w + (((rt * KS + ks) * 32 + lane) * 2 + b) * 4;
@@ -172,11 +175,28 @@ __host__ __device__ __forceinline__ uint32_t e2m1x2_f16(uint32_t w)
     return ((w & 0x20072007u) * ((1u << 9) + (1u << 2))) & E2M1_F16_MASK;
 }
 
-/* Host check of the packer's placement against the decode (nvfp4_layout.h): the eight
- * placements tile the word, and every register J decodes every pair of its codes to the FP16
- * bits of e2m1 x 2^-14 (compared with td_e2m1_to_f32, an independent decode) whatever the
- * word's other six codes hold. */
-template <int J, int D = J>
+/* A-fragment bf16x2 register J of a word in the BF16 placement as BF16 e2m1 x 2^-126 (the
+ * linear position: magnitude bits at 6..8 (22..24), the sign at bit 15 (31); the 0.5 code a
+ * BF16 subnormal). Register 0 sits in place, register 1 one shift away, register 3 one mask
+ * and one multiplication by (2^6 + 2^2) as in the FP16 decode, register 2 first shifted right
+ * by 3 (magnitudes to 6..8, the sign to 11) and then multiplied by (1 + 2^4); the stray copies
+ * and their carries stay below the kept bits (checked by td_cuda_nvfp4_layout_check). 10
+ * integer instructions per word; e2m1x2_bf16 then scales by 2^112. */
+#define E2M1_BF16_MASK 0x81C081C0u
+template <int J>
+__host__ __device__ __forceinline__ uint32_t e2m1x2_bf16lin(uint32_t w)
+{
+    if (J == 0) return w & E2M1_BF16_MASK;
+    if (J == 1) return (w << 3) & E2M1_BF16_MASK;
+    if (J == 2) return (((w >> 3) & 0x09C009C0u) * (1u + (1u << 4))) & E2M1_BF16_MASK;
+    return ((w & 0x20072007u) * ((1u << 6) + (1u << 2))) & E2M1_BF16_MASK;
+}
+
+/* Host check of a placement (P: 0 FP16, 1 BF16) against its integer decode (nvfp4_layout.h):
+ * every register J decodes every pair of its codes to the FP16 bits of e2m1 x 2^-14 (P 0) or
+ * the BF16 bits of e2m1 x 2^-126 (P 1), compared with td_e2m1_to_f32 (an independent decode),
+ * whatever the word's other six codes hold. */
+template <int P, int J, int D = J>
 static int layout_check_reg(char *msg, size_t cap)
 {
     static const uint32_t backgrounds[4] = {0u, 15u, 7u, 8u};
@@ -184,25 +204,25 @@ static int layout_check_reg(char *msg, size_t cap)
     for (int c0 = 0; c0 < 16; c0++)
         for (int c1 = 0; c1 < 16; c1++)
             for (int bg = 0; bg < 4 + 32; bg++) {
-                uint32_t word = place((uint32_t)c0, J) | place((uint32_t)c1, J + 4);
+                uint32_t word = place((uint32_t)c0, J, P) | place((uint32_t)c1, J + 4, P);
                 for (int j = 0; j < 8; j++) {
                     if (j == J || j == J + 4) continue;
                     rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-                    word |= place(bg < 4 ? backgrounds[bg] : (uint32_t)(rng >> 60), j);
+                    word |= place(bg < 4 ? backgrounds[bg] : (uint32_t)(rng >> 60), j, P);
                 }
-                const uint32_t got = e2m1x2_f16<D>(word);
+                const uint32_t got = P ? e2m1x2_bf16lin<D>(word) : e2m1x2_f16<D>(word);
                 const int codes[2] = {c0, c1};
                 for (int h = 0; h < 2; h++) {
                     const uint16_t bits = (uint16_t)(got >> (16 * h));
-                    const float want = td_e2m1_to_f32((uint8_t)codes[h]) * 0x1p-14f;
-                    const float have = td_f16_to_f32(bits);
-                    /* signed zero included: code 8 (-0) must decode to FP16 -0 */
+                    const float want = td_e2m1_to_f32((uint8_t)codes[h]) * (P ? 0x1p-126f : 0x1p-14f);
+                    const float have = P ? td_bf16_to_f32(bits) : td_f16_to_f32(bits);
+                    /* signed zero included: code 8 (-0) must decode to -0 */
                     if (memcmp(&want, &have, sizeof want) != 0) {
                         snprintf(msg, cap,
-                                 "register %d, %s half: code %d decodes to FP16 0x%04x (%g), expected %g x 2^-14 "
-                                 "(word 0x%08x)",
-                                 J, h ? "high" : "low", codes[h], bits, (double)have,
-                                 (double)td_e2m1_to_f32((uint8_t)codes[h]), word);
+                                 "%s placement, register %d, %s half: code %d decodes to 0x%04x (%g), expected %g x "
+                                 "2^%d (word 0x%08x)",
+                                 P ? "BF16" : "FP16", J, h ? "high" : "low", codes[h], bits, (double)have,
+                                 (double)td_e2m1_to_f32((uint8_t)codes[h]), P ? -126 : -14, word);
                         return 1;
                     }
                 }
@@ -210,41 +230,57 @@ static int layout_check_reg(char *msg, size_t cap)
     return 0;
 }
 
-extern "C" int td_cuda_nvfp4_layout_check(int broken, char *msg, size_t cap)
+template <int P>
+static int layout_check_placement(char *msg, size_t cap)
 {
-    if (broken) /* the check's own test: register 2's codes through register 3's decode */
-        return layout_check_reg<2, 3>(msg, cap);
     uint32_t seen = 0;
     int bits = 0;
     for (int j = 0; j < 8; j++) {
-        const uint32_t p = place(15u, j);
+        const uint32_t p = place(15u, j, P);
         if (seen & p) {
-            snprintf(msg, cap, "element %d's bits 0x%08x overlap earlier elements' 0x%08x", j, p, seen);
+            snprintf(msg, cap, "%s placement: element %d's bits 0x%08x overlap earlier elements' 0x%08x",
+                     P ? "BF16" : "FP16", j, p, seen);
             return 1;
         }
         seen |= p;
         bits += __builtin_popcount(p);
     }
     if (seen != 0xFFFFFFFFu || bits != 32) {
-        snprintf(msg, cap, "the eight placements cover 0x%08x (%d bits), not the whole word", seen, bits);
+        snprintf(msg, cap, "%s placement: the eight placements cover 0x%08x (%d bits), not the whole word",
+                 P ? "BF16" : "FP16", seen, bits);
         return 1;
     }
-    if (layout_check_reg<0>(msg, cap) || layout_check_reg<1>(msg, cap) || layout_check_reg<2>(msg, cap) ||
-        layout_check_reg<3>(msg, cap))
-        return 1;
+    return layout_check_reg<P, 0>(msg, cap) || layout_check_reg<P, 1>(msg, cap) || layout_check_reg<P, 2>(msg, cap) ||
+           layout_check_reg<P, 3>(msg, cap);
+}
+
+extern "C" int td_cuda_nvfp4_layout_check(int broken, char *msg, size_t cap)
+{
+    if (broken == 1) /* the check's own test: register 2's codes through register 3's decode */
+        return layout_check_reg<0, 2, 3>(msg, cap);
+    if (broken == 2) /* the same for the BF16 placement */
+        return layout_check_reg<1, 2, 3>(msg, cap);
+    if (layout_check_placement<0>(msg, cap) || layout_check_placement<1>(msg, cap)) return 1;
     snprintf(msg, cap, "ok");
     return 0;
 }
 
-__device__ __forceinline__ uint32_t f16x2_to_bf16x2(uint32_t h)
+/* Register J of a word in the BF16 placement as BF16 e2m1 x 2^-14: the linear decode times
+ * 2^112 (BF16 0x7780), one BF16 multiplication, exact (the 0.5 code's subnormal included;
+ * checked on the GPU by td_cuda_nvfp4_bf16_check). */
+template <int J>
+__device__ __forceinline__ uint32_t e2m1x2_bf16(uint32_t w)
 {
-    __half2 v;
-    memcpy(&v, &h, 4);
-    const float2 f = __half22float2(v);
-    __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
     uint32_t r;
-    memcpy(&r, &b, 4);
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(e2m1x2_bf16lin<J>(w)), "r"(0x77807780u));
     return r;
+}
+
+/* Register J of a word as the mma's A operand for act_dtype ACT (the matrix's placement). */
+template <int ACT, int J>
+__device__ __forceinline__ uint32_t e2m1x2_act(uint32_t w)
+{
+    return ACT == 1 ? e2m1x2_f16<J>(w) : e2m1x2_bf16<J>(w);
 }
 
 __device__ __forceinline__ float round_act16(float v, int act)
@@ -475,13 +511,10 @@ __device__ __forceinline__ void mm_compute(const mm_args &a, int64_t mat, int ba
                 uint32_t A[4];
                 if (WK < 2) {
                     const uint32_t word = b ? r.wq[i].y : r.wq[i].x;
-                    A[0] = e2m1x2_f16<0>(word);
-                    A[1] = e2m1x2_f16<1>(word);
-                    A[2] = e2m1x2_f16<2>(word);
-                    A[3] = e2m1x2_f16<3>(word);
-                    if (ACT == 2)
-#pragma unroll
-                        for (int j = 0; j < 4; j++) A[j] = f16x2_to_bf16x2(A[j]);
+                    A[0] = e2m1x2_act<ACT, 0>(word);
+                    A[1] = e2m1x2_act<ACT, 1>(word);
+                    A[2] = e2m1x2_act<ACT, 2>(word);
+                    A[3] = e2m1x2_act<ACT, 3>(word);
                 } else {
                     A[0] = r.wd[i][b].x;
                     A[1] = r.wd[i][b].y;
@@ -1345,10 +1378,8 @@ __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, co
 #pragma unroll
         for (int bb = 0; bb < 2; bb++) {
             const uint32_t word = bb ? wq.y : wq.x;
-            uint32_t A[4] = {e2m1x2_f16<0>(word), e2m1x2_f16<1>(word), e2m1x2_f16<2>(word), e2m1x2_f16<3>(word)};
-            if (ACT == 2)
-#pragma unroll
-                for (int j = 0; j < 4; j++) A[j] = f16x2_to_bf16x2(A[j]);
+            const uint32_t A[4] = {e2m1x2_act<ACT, 0>(word), e2m1x2_act<ACT, 1>(word), e2m1x2_act<ACT, 2>(word),
+                                   e2m1x2_act<ACT, 3>(word)};
             const float e_lo = bb ? eff_lo.y : eff_lo.x, e_hi = bb ? eff_hi.y : eff_hi.x;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -1961,6 +1992,9 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
                           (long long)c->out_ld);
     if (c->pack < 1 || c->pack > CU_MM_PACK_DEC)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: pack %lld outside 1..%d", (long long)c->pack, CU_MM_PACK_DEC);
+    if (c->W.kind == CU_W_NVFP4 && (c->W.bf16_words != 0) != (c->act == 2))
+        return td_err_set(err, TD_ERR_INTERNAL, "cuda moe: NVFP4 words in the %s placement for act_dtype %s",
+                          c->W.bf16_words ? "BF16" : "FP16", c->act == 2 ? "bf16" : "fp16");
     mm_args a;
     a.c = *c;
     a.geo = geo_of(c->W.K);
@@ -2172,4 +2206,89 @@ extern "C" int td_cuda_round_split_check(int broken, char *msg, size_t cap)
         }
     snprintf(msg, cap, "ok");
     return 0;
+}
+
+/* ==== check of the BF16 decode on the GPU ======================================================= */
+
+__global__ void k_bf16_decode_check(const uint32_t *words, const uint8_t *dsel, int n, uint32_t *out)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const uint32_t w = words[i];
+    switch (dsel[i]) {
+    case 0: out[i] = e2m1x2_bf16<0>(w); break;
+    case 1: out[i] = e2m1x2_bf16<1>(w); break;
+    case 2: out[i] = e2m1x2_bf16<2>(w); break;
+    default: out[i] = e2m1x2_bf16<3>(w); break;
+    }
+}
+
+extern "C" int td_cuda_nvfp4_bf16_check(int broken, char *msg, size_t cap)
+{
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        cudaGetLastError();
+        snprintf(msg, cap, "no CUDA device");
+        return -1;
+    }
+    static const uint32_t backgrounds[4] = {0u, 15u, 7u, 8u};
+    const int per = 16 * 16 * (4 + 32), n = 4 * per;
+    uint32_t *hw = (uint32_t *)malloc((size_t)n * 4), *ho = (uint32_t *)malloc((size_t)n * 4);
+    uint8_t *hsel = (uint8_t *)malloc((size_t)n), *codes = (uint8_t *)malloc((size_t)n * 2);
+    uint32_t *dw = NULL, *dout = NULL;
+    uint8_t *dsel = NULL;
+    int rc = -1;
+    if (!hw || !ho || !hsel || !codes) goto done;
+    {
+        uint64_t rng = 0x9E3779B97F4A7C15ull;
+        int i = 0;
+        for (int J = 0; J < 4; J++)
+            for (int c0 = 0; c0 < 16; c0++)
+                for (int c1 = 0; c1 < 16; c1++)
+                    for (int bg = 0; bg < 4 + 32; bg++, i++) {
+                        uint32_t word = place((uint32_t)c0, J, 1) | place((uint32_t)c1, J + 4, 1);
+                        for (int j = 0; j < 8; j++) {
+                            if (j == J || j == J + 4) continue;
+                            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                            word |= place(bg < 4 ? backgrounds[bg] : (uint32_t)(rng >> 60), j, 1);
+                        }
+                        hw[i] = word;
+                        hsel[i] = (uint8_t)(broken && J == 2 ? 3 : J);
+                        codes[2 * i] = (uint8_t)c0;
+                        codes[2 * i + 1] = (uint8_t)c1;
+                    }
+    }
+    if (cudaMalloc(&dw, (size_t)n * 4) || cudaMalloc(&dout, (size_t)n * 4) || cudaMalloc(&dsel, (size_t)n) ||
+        cudaMemcpy(dw, hw, (size_t)n * 4, cudaMemcpyHostToDevice) ||
+        cudaMemcpy(dsel, hsel, (size_t)n, cudaMemcpyHostToDevice) || cudaMemset(dout, 0xFF, (size_t)n * 4))
+        goto done;
+    k_bf16_decode_check<<<(n + 255) / 256, 256>>>(dw, dsel, n, dout);
+    if (cudaGetLastError() || cudaDeviceSynchronize() || cudaMemcpy(ho, dout, (size_t)n * 4, cudaMemcpyDeviceToHost))
+        goto done;
+    rc = 1;
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < 2; h++) {
+            const uint8_t code = codes[2 * i + h];
+            const uint16_t want = td_f32_to_bf16(td_e2m1_to_f32(code) * 0x1p-14f), got = (uint16_t)(ho[i] >> (16 * h));
+            if (got != want) {
+                snprintf(msg, cap,
+                         "register %d, %s half: code %d decodes to BF16 0x%04x (%g), expected 0x%04x (%g x 2^-14; "
+                         "word 0x%08x)",
+                         i / per, h ? "high" : "low", code, got, (double)td_bf16_to_f32(got), want,
+                         (double)td_e2m1_to_f32(code), hw[i]);
+                goto done;
+            }
+        }
+    snprintf(msg, cap, "ok");
+    rc = 0;
+done:
+    if (rc < 0) snprintf(msg, cap, "CUDA: %s", cudaGetErrorString(cudaGetLastError()));
+    cudaFree(dw);
+    cudaFree(dout);
+    cudaFree(dsel);
+    free(hw);
+    free(ho);
+    free(hsel);
+    free(codes);
+    return rc;
 }

@@ -14,10 +14,18 @@
  *   lane l (g = l/4, q = l%4) gets the codes of elements j = 0..7, (row, column) (g, 2q),
  *   (g+8, 2q), (g, 2q+8), (g+8, 2q+8), (g, 2q+1), (g+8, 2q+1), (g, 2q+9), (g+8, 2q+9) of the
  *   block; elements (J, J+4) are the A-fragment half2 register J = 0..3. Element j's 3
- *   magnitude bits sit at bits m..m+2 and its sign bit at bit s, (m, s) = (9, 15), (6, 12),
- *   (3, 14), (0, 13) for J = 0..3, plus 16 for j >= 4: register 0 is then in FP16 position
- *   already, register 1 one shift away, registers 2 and 3 one mask and one multiplication
- *   away (9 integer instructions per word; cuda/nvfp4_layout.h checks the placement).
+ *   magnitude bits sit at bits m..m+2 and its sign bit at bit s, plus 16 for j >= 4; two
+ *   placements, chosen by the engine's act_dtype at load (cu_qmat::bf16_words):
+ *   - FP16 (act_dtype fp16): (m, s) = (9, 15), (6, 12), (3, 14), (0, 13) for J = 0..3:
+ *     register 0 is then in FP16 position already (E2M1 x 2^-14, the 0.5 code an FP16
+ *     subnormal), register 1 one shift away, registers 2 and 3 one mask and one
+ *     multiplication away (9 integer instructions per word);
+ *   - BF16 (act_dtype bf16): (m, s) = (6, 15), (3, 12), (9, 14), (0, 13): bits 6..8 are BF16's
+ *     one position where the three magnitude bits read linearly (E2M1 x 2^-126, the 0.5 code a
+ *     BF16 subnormal); register 0 in place, register 1 one shift away, register 3 one mask and
+ *     one multiplication, register 2 a shift more (10 integer instructions per word), then one
+ *     BF16 multiplication by 2^112 per register gives E2M1 x 2^-14, the FP16 path's values.
+ *   cuda/nvfp4_layout.h checks both (the BF16 multiplication on the GPU).
  * - prepared scales: FP16 effective scales [rt][ks][g 0..7][row g, g+8][2 blocks] (lane
  *   group g reads its two rows' four scales with one 8-byte load); raw scales: the
  *   checkpoint's E4M3 bytes in the same order (one 4-byte load), plus one float2 per matrix (decode multipliers of
@@ -28,7 +36,9 @@
  *
  * Numerics (every bit fixed by the inputs; no atomics)
  * - E2M1 codes become FP16 `e2m1 x 2^-14` by bit placement (exact, the 0.5 code is an FP16
- *   subnormal); BF16 activations take those values through FP32 into BF16 (exact).
+ *   subnormal); with BF16 activations BF16 `e2m1 x 2^-14`, the same values, by the BF16
+ *   placement and one exact multiplication by 2^112 (until this placement, by the FP16
+ *   placement and a conversion through FP32).
  * - Per 16-column block b of row r and token t: D = tensor-core dot of the 16 products (FP32
  *   accumulation, the hardware's order), then acc = fma(eff(r,b), D, acc) in FP32, blocks
  *   ascending; D and acc carry the codes' 2^-14, which the epilogue removes with one exact
@@ -99,6 +109,8 @@
 typedef struct cu_qmat {
     int kind;              /* CU_W_NVFP4 or CU_W_BF16 */
     int raw;               /* NVFP4: scales stored as E4M3 codes + globals */
+    int bf16_words;        /* NVFP4: words in the BF16 placement (for act_dtype bf16); cu_mm
+                              refuses a call whose act_dtype does not match */
     int conv;              /* raw: 0 ModelOpt (code x g), 1 compressed-tensors (code / g) */
     int64_t rows, cols;    /* logical shape of one matrix */
     int64_t R, K;          /* padded: R % 16 == 0, K % 32 == 0 */
@@ -116,9 +128,10 @@ void cu_qmat_geometry(int kind, int64_t rows, int64_t cols, int64_t *R, int64_t 
  * the E4M3 scale bytes of logical row r, already offset to its first column (NULL: a zero
  * row); cols valid columns (multiple of 16). With raw == 0 scales become FP16 effective
  * scales of (code, global, conv) (core/nvfp4.h td_nvfp4_block_factor, rounded to FP16);
- * with raw != 0 the codes are copied. `w` and `s` are sized by cu_qmat_geometry. */
+ * with raw != 0 the codes are copied. bf16 != 0: the words in the BF16 placement (above).
+ * `w` and `s` are sized by cu_qmat_geometry. */
 void cu_pack_nvfp4(const uint8_t *const *row_w, const uint8_t *const *row_s, const float *row_global, int conv,
-                   int raw, int64_t rows, int64_t cols, uint8_t *w, uint8_t *s);
+                   int raw, int bf16, int64_t rows, int64_t cols, uint8_t *w, uint8_t *s);
 
 /* Pack one BF16 matrix: row_w[r] points at logical row r's first element (uint16 BF16). */
 void cu_pack_bf16(const uint16_t *const *row_w, int64_t rows, int64_t cols, uint8_t *w);

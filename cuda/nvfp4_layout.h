@@ -1,15 +1,17 @@
 /* nvfp4_layout.h — checks of the tensor-core path's layouts (cuda/moe_mma.cu): the NVFP4 word
- * layout (host) and the input layout of cu_mm_round_split (GPU).
+ * placements (host; the BF16 one's multiplication on the GPU) and the input layout of
+ * cu_mm_round_split (GPU).
  *
- * Contract: td_cuda_nvfp4_layout_check() packs codes with the packer's bit placement and
- * decodes them with the kernels' own decode (the same inline function, run on the host): the
- * eight placements of a word must tile its 32 bits, and each A-fragment register must decode
- * every pair of its codes, under several contents of the other six codes, to the FP16 bits of
- * e2m1 x 2^-14 (compared as floats with the E2M1 table of core/formats.h, signed zero
- * included). Returns 0 and writes "ok" into msg, or 1 and describes the first mismatch (cap
- * bytes at most, NUL-terminated). broken = 1 checks a deliberately wrong decode instead
- * (register 2's codes through register 3's decode), which must fail: the check's own test.
- * No GPU is needed; it is built with the CUDA objects.
+ * Contract: td_cuda_nvfp4_layout_check() packs codes with the packer's bit placements (FP16
+ * and BF16, moe_mma.cuh) and decodes them with the kernels' own integer decodes (the same
+ * inline functions, run on the host): the eight placements of a word must tile its 32 bits,
+ * and each A-fragment register must decode every pair of its codes, under several contents of
+ * the other six codes, to the FP16 bits of e2m1 x 2^-14 (FP16 placement) or the BF16 bits of
+ * e2m1 x 2^-126 (BF16 placement), compared as floats with the E2M1 table of core/formats.h,
+ * signed zero included. Returns 0 and writes "ok" into msg, or 1 and describes the first
+ * mismatch (cap bytes at most, NUL-terminated). broken = 1 (FP16) or 2 (BF16) checks a
+ * deliberately wrong decode instead (register 2's codes through register 3's decode), which
+ * must fail: the check's own test. No GPU is needed; it is built with the CUDA objects.
  */
 #ifndef TD_CUDA_NVFP4_LAYOUT_H
 #define TD_CUDA_NVFP4_LAYOUT_H
@@ -21,6 +23,14 @@ extern "C" {
 #endif
 
 int td_cuda_nvfp4_layout_check(int broken, char *msg, size_t cap);
+
+/* The BF16 placement's decode on the GPU (cuda/moe_mma.cu, e2m1x2_bf16: the integer decode
+ * to E2M1 x 2^-126 and one BF16 multiplication by 2^112): every code pair of every register,
+ * under the same backgrounds as the host check, must give the BF16 bits of E2M1 x 2^-14
+ * (core/formats.h's conversion of td_e2m1_to_f32's value; signed zero and the 0.5 code's
+ * subnormal included). Returns 0 ("ok"), 1 and the first mismatch, or -1 without a CUDA
+ * device. broken = 1 decodes register 2's words with register 3's decode, which must fail. */
+int td_cuda_nvfp4_bf16_check(int broken, char *msg, size_t cap);
 
 /* Check of cu_mm_round_split (cuda/moe_mma.cuh) on the GPU: seeded inputs with edge values
  * (signed zeros, FP16 / BF16 subnormals and overflow, infinities, NaN, rounding ties) at

@@ -337,6 +337,7 @@ int main(int argc, char **argv)
     cu_qmat &w13 = bw.w13, &w2 = bw.w2;
     w13.kind = CU_W_NVFP4;
     w13.raw = o.raw;
+    w13.bf16_words = o.act == 2; /* the random words read as either placement */
     w13.rows = 16 * ((il + 7) / 8);
     w13.cols = H;
     w13.R = R13;

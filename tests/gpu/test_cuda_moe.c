@@ -27,6 +27,8 @@
  *   tensor-core path against ref:scale=fp16,act_dtype=fp16, grouped == direct bit for bit);
  * - raw storage refused at load (TD_ERR_RANGE, naming tensor, element, code and reason) when
  *   one block scale is NaN or negative; grouped dispatch refused with act_dtype=fp32;
+ * - the NVFP4 placements against the kernels' decodes (host), and the BF16 decode with its
+ *   multiplication by 2^112 on the GPU, every code pair;
  * - the decode kernel (k_dec) against the general kernel (kernels=generic), bit for bit, for
  *   fp16/bf16, prepared/raw, direct/grouped, graphs, TP slices, on a shape where every routed
  *   projection takes it, and against ref;
@@ -805,10 +807,11 @@ static void cuda_routing(void **state)
     routing_case("gpu_route_ties", 300);
 }
 
-/* The packer's NVFP4 bit placement against the kernels' decode, on the host (no GPU needed):
- * every code pair of every A-fragment register decodes to the FP16 bits of e2m1 x 2^-14; and
- * the check run on a deliberately wrong decode (register 2's codes through register 3's)
- * must fail. */
+/* The packer's NVFP4 bit placements against the kernels' integer decodes, on the host (no GPU
+ * needed): every code pair of every A-fragment register decodes to the FP16 bits of
+ * e2m1 x 2^-14 (FP16 placement) or the BF16 bits of e2m1 x 2^-126 (BF16 placement); and the
+ * check run on a deliberately wrong decode (register 2's codes through register 3's) must
+ * fail, for each placement. */
 static void cuda_nvfp4_layout(void **state)
 {
     (void)state;
@@ -818,6 +821,28 @@ static void cuda_nvfp4_layout(void **state)
     assert_int_equal(rc, 0);
     assert_string_equal(msg, "ok");
     assert_int_equal(td_cuda_nvfp4_layout_check(1, msg, sizeof msg), 1);
+    print_message("  a wrong decode is caught: %s\n", msg);
+    assert_non_null(strstr(msg, "FP16 placement, register 2"));
+    assert_int_equal(td_cuda_nvfp4_layout_check(2, msg, sizeof msg), 1);
+    print_message("  a wrong decode is caught: %s\n", msg);
+    assert_non_null(strstr(msg, "BF16 placement, register 2"));
+}
+
+/* The BF16 placement's decode with its BF16 multiplication by 2^112, on the GPU: every code
+ * pair of every register to the BF16 bits of e2m1 x 2^-14; a wrong decode must fail. */
+static void cuda_nvfp4_bf16_decode(void **state)
+{
+    (void)state;
+    char msg[320];
+    const int rc = td_cuda_nvfp4_bf16_check(0, msg, sizeof msg);
+    if (rc < 0) {
+        print_message("  skipped: %s\n", msg);
+        skip();
+    }
+    print_message("  BF16 decode: %s\n", msg);
+    assert_int_equal(rc, 0);
+    assert_string_equal(msg, "ok");
+    assert_int_equal(td_cuda_nvfp4_bf16_check(1, msg, sizeof msg), 1);
     print_message("  a wrong decode is caught: %s\n", msg);
     assert_non_null(strstr(msg, "register 2"));
 }
@@ -891,6 +916,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(cuda_nvfp4_layout),
+        cmocka_unit_test(cuda_nvfp4_bf16_decode),
         cmocka_unit_test(cuda_round_split),
         cmocka_unit_test(cuda_rejects),
         cmocka_unit_test(cuda_vs_ref_modelopt),
