@@ -31,7 +31,8 @@
  *   multiplication by 2^112 on the GPU, every code pair;
  * - the decode kernel (k_dec) against the general kernel (kernels=generic), bit for bit, for
  *   fp16/bf16, prepared/raw, direct/grouped, graphs, TP slices, on a shape where every routed
- *   projection takes it, and against ref;
+ *   projection takes it, and against ref; with BF16 inputs of 2^16 or more in some groups
+ *   (which the decode kernel stages unscaled);
  * - the block's input rounded and laid out for k_wgp in one launch (cu_mm_round_split) against
  *   the host's conversions and the layout's formula, with edge values and canaries;
  * - prefill-sized calls (the BF16 router and shared expert on k_wgp, its inputs laid out by the
@@ -247,11 +248,13 @@ static void compare(const char *dir, const char *rv, const char *cv, double boun
 
 /* Outputs of variants a and b on the same calls must be identical bits. The calls: for each
  * (M, pattern, seed) of `seq` in order, on engines kept loaded (so graphs are replayed with
- * new inputs and routes). */
+ * new inputs and routes). big > 0: every 7th token (from token 3) gets one input of magnitude
+ * big (signs alternating), beside inputs of 0.5 x normal. */
 typedef struct exact_call {
     int64_t M;
     int p;
     uint64_t seed;
+    float big;
 } exact_call;
 
 static void exact_seq(const char *dir, const char *va, const char *vb, int64_t L, const exact_call *seq, size_t n_seq,
@@ -270,6 +273,8 @@ static void exact_seq(const char *dir, const char *va, const char *vb, int64_t L
         td_rng rng;
         td_rng_seed(&rng, seq[si].seed);
         for (size_t i = 0; i < n; i++) x[i] = 0.5f * td_rng_normal_f32(&rng);
+        if (seq[si].big > 0)
+            for (int64_t t = 3; t < M; t += 7) x[t * H + (t * 131) % H] = (t / 7) % 2 ? -seq[si].big : seq[si].big;
         const int p = seq[si].p;
         if (p >= 0) routes(p, M, k, E, ids, w);
         td_block_call ca = {L, TD_BLOCK_MOE, M, x, oa + GUARD, p >= 0 ? ids : NULL, p >= 0 ? w : NULL};
@@ -309,8 +314,8 @@ static const pair_case pairs[] = {
 };
 
 static const exact_call seq_default[] = {
-    {1, -1, 1}, {4, -1, 2}, {4, 5, 3}, {16, -1, 4}, {4, -1, 5}, {16, 2, 6},
-    {300, -1, 7}, {1, -1, 8}, {1, 0, 9}, {1030, -1, 10}, {4, 3, 11},
+    {1, -1, 1, 0}, {4, -1, 2, 0}, {4, 5, 3, 0}, {16, -1, 4, 0}, {4, -1, 5, 0}, {16, 2, 6, 0},
+    {300, -1, 7, 0}, {1, -1, 8, 0}, {1, 0, 9, 0}, {1030, -1, 10, 0}, {4, 3, 11, 0},
 };
 
 /* Variant pairs that must agree bit for bit. `nvfp4`: only for NVFP4 experts (raw storage). */
@@ -366,19 +371,19 @@ static void cuda_sweep(void **state)
     size_t n = 0;
     for (int64_t M = 1; M <= 17; M++) {
         compare(dir, rv, cv, 4e-3, 0, M, M % 2 ? -1 : 5, "sweep");
-        seq[n++] = (exact_call){M, M % 2 ? -1 : 5, (uint64_t)(100 + M)};
+        seq[n++] = (exact_call){M, M % 2 ? -1 : 5, (uint64_t)(100 + M), 0};
     }
     compare(dir, rv, cv, 4e-3, 0, 32, 5, "sweep");
     compare(dir, rv, cv, 4e-3, 0, 784, -1, "sweep");
     compare(dir, rv, cv, 4e-3, 0, 784, 5, "sweep");
-    seq[n++] = (exact_call){32, 5, 132};
-    seq[n++] = (exact_call){784, -1, 784};
-    seq[n++] = (exact_call){784, 5, 785};
+    seq[n++] = (exact_call){32, 5, 132, 0};
+    seq[n++] = (exact_call){784, -1, 784, 0};
+    seq[n++] = (exact_call){784, 5, 785, 0};
     for (int p = 0; p < 6; p++) {
         compare(dir, rv, cv, 4e-3, 0, 5, p, "pattern");
         compare(dir, rv, cv, 4e-3, 0, 16, p, "pattern");
-        seq[n++] = (exact_call){5, p, (uint64_t)(200 + p)};
-        seq[n++] = (exact_call){16, p, (uint64_t)(300 + p)};
+        seq[n++] = (exact_call){5, p, (uint64_t)(200 + p), 0};
+        seq[n++] = (exact_call){16, p, (uint64_t)(300 + p), 0};
     }
     /* At x ~ 0.001 most FP16 intermediates (SwiGLU products ~1e-6) are FP16 subnormals, whose
      * spacing 2^-24 is a large fraction of their value: one accumulation-order step moves them
@@ -407,7 +412,7 @@ static void cuda_grouping_wide(void **state)
     const char *rv = "ref:scale=fp16,act_dtype=fp16", *cv = "cuda:act_dtype=fp16,moe_dispatch=grouped";
     compare(dir, rv, cv, 4e-3, 0, 784, -1, "group");
     compare(dir, rv, cv, 4e-3, 0, 784, 5, "group");
-    const exact_call seq[] = {{1, -1, 901}, {40, 5, 902}, {784, -1, 903}, {784, 5, 904}, {300, 4, 905}};
+    const exact_call seq[] = {{1, -1, 901, 0}, {40, 5, 902, 0}, {784, -1, 903, 0}, {784, 5, 904, 0}, {300, 4, 905, 0}};
     exact_seq(dir, "cuda:act_dtype=fp16", cv, 0, seq, TD_ARRAY_LEN(seq), "group");
     mf_free(&m);
 }
@@ -512,20 +517,21 @@ static void cuda_decode_kernel(void **state)
     exact_call seq[40];
     size_t n = 0;
     for (int64_t M = 1; M <= 17; M++) {
-        seq[n++] = (exact_call){M, M % 3 == 0 ? 5 : -1, (uint64_t)(400 + M)};
+        seq[n++] = (exact_call){M, M % 3 == 0 ? 5 : -1, (uint64_t)(400 + M), 0};
         compare(dir, "ref:scale=fp16,act_dtype=fp16", "cuda:act_dtype=fp16", 4e-3, 0, M, M % 2 ? -1 : 5, "dec");
     }
-    for (int p = 0; p < 6; p++) seq[n++] = (exact_call){8, p, (uint64_t)(500 + p)};
-    seq[n++] = (exact_call){32, -1, 532};
-    seq[n++] = (exact_call){1, -1, 533};
-    seq[n++] = (exact_call){300, -1, 534}; /* grouped: packs of 16, two 8-token tiles */
-    seq[n++] = (exact_call){784, 5, 535};
+    for (int p = 0; p < 6; p++) seq[n++] = (exact_call){8, p, (uint64_t)(500 + p), 0};
+    seq[n++] = (exact_call){32, -1, 532, 0};
+    seq[n++] = (exact_call){1, -1, 533, 0};
+    seq[n++] = (exact_call){300, -1, 534, 0}; /* grouped: packs of 16, two 8-token tiles */
+    seq[n++] = (exact_call){784, 5, 535, 0};
     compare(dir, "ref:scale=fp16,act_dtype=fp16", "cuda:act_dtype=fp16,moe_dispatch=grouped", 4e-3, 0, 784, -1, "dec");
     compare(dir, "ref:scale=fp16,act_dtype=bf16", "cuda:act_dtype=bf16,storage=raw", 3e-2, 0, 4, -1, "dec");
     compare(dir, "ref", "cuda:act_dtype=fp16,tp_size=2,tp_rank=all", 2e-3, 0, 16, -1, "dec");
     static const char *const vs[] = {
         "cuda:act_dtype=fp16",
         "cuda:act_dtype=bf16",
+        "cuda:act_dtype=bf16,moe_dispatch=grouped",
         "cuda:act_dtype=fp16,storage=raw",
         "cuda:act_dtype=bf16,storage=raw,graphs=on",
         "cuda:act_dtype=fp16,moe_dispatch=grouped",
@@ -536,6 +542,19 @@ static void cuda_decode_kernel(void **state)
         char generic[128];
         snprintf(generic, sizeof generic, "%s,kernels=generic", vs[i]);
         exact_seq(dir, vs[i], generic, 0, seq, n, "dec");
+    }
+    /* BF16 inputs of 2^16 or more: the decode kernel stages those groups as they are and takes
+     * the decode with its multiplication (the others: inputs times 2^112, the decode without
+     * it); k_mm always the latter. Big tokens in some groups and not in others, in W13's
+     * input and (through the SwiGLU) in W2's. */
+    static const exact_call big[] = {
+        {17, -1, 600, 3e5f}, {8, 5, 601, 7e4f}, {300, -1, 602, 3e5f}, {784, 5, 603, 1e5f}, {5, -1, 604, 0}};
+    static const char *const vb[] = {"cuda:act_dtype=bf16", "cuda:act_dtype=bf16,moe_dispatch=grouped",
+                                     "cuda:act_dtype=bf16,storage=raw,moe_dispatch=grouped"};
+    for (size_t i = 0; i < TD_ARRAY_LEN(vb); i++) {
+        char generic[128];
+        snprintf(generic, sizeof generic, "%s,kernels=generic", vb[i]);
+        exact_seq(dir, vb[i], generic, 0, big, TD_ARRAY_LEN(big), "big");
     }
     mf_free(&m);
 }
@@ -563,7 +582,7 @@ static void cuda_prefill_parts(void **state)
     const char *dir = fixture_or_skip("gpu_parts", &o, &m);
     static const char *const v = "cuda:act_dtype=fp16";
     compare(dir, "ref:scale=fp16,act_dtype=fp16", v, 4e-3, 0, 300, -1, "parts");
-    static const exact_call seq[] = {{300, -1, 2901}, {37, -1, 2902}, {300, 5, 2903}, {1600, -1, 2904}};
+    static const exact_call seq[] = {{300, -1, 2901, 0}, {37, -1, 2902, 0}, {300, 5, 2903, 0}, {1600, -1, 2904, 0}};
     exact_seq(dir, v, "cuda:act_dtype=fp16,kernels=generic", 0, seq, TD_ARRAY_LEN(seq), "parts");
     exact_seq(dir, "cuda:act_dtype=bf16", "cuda:act_dtype=bf16,kernels=generic", 0, seq, TD_ARRAY_LEN(seq), "parts");
     const int64_t H = o.hidden, k = o.top_k, M = 300, m5 = 5;
