@@ -192,6 +192,21 @@ __host__ __device__ __forceinline__ uint32_t e2m1x2_bf16lin(uint32_t w)
     return ((w & 0x20072007u) * ((1u << 6) + (1u << 2))) & E2M1_BF16_MASK;
 }
 
+/* The layout checks' word for register J's codes (c0, c1) in placement P: the other six codes
+ * background bg < 4 of a fixed set, else random from rng. */
+static uint32_t check_word(int P, int J, int c0, int c1, int bg, uint64_t &rng)
+{
+    static const uint32_t backgrounds[4] = {0u, 15u, 7u, 8u};
+    uint32_t word = place((uint32_t)c0, J, P) | place((uint32_t)c1, J + 4, P);
+    for (int j = 0; j < 8; j++) {
+        if (j == J || j == J + 4) continue;
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        word |= place(bg < 4 ? backgrounds[bg] : (uint32_t)(rng >> 60), j, P);
+    }
+    return word;
+}
+#define CHECK_BACKGROUNDS (4 + 32)
+
 /* Host check of a placement (P: 0 FP16, 1 BF16) against its integer decode (nvfp4_layout.h):
  * every register J decodes every pair of its codes to the FP16 bits of e2m1 x 2^-14 (P 0) or
  * the BF16 bits of e2m1 x 2^-126 (P 1), compared with td_e2m1_to_f32 (an independent decode),
@@ -199,17 +214,11 @@ __host__ __device__ __forceinline__ uint32_t e2m1x2_bf16lin(uint32_t w)
 template <int P, int J, int D = J>
 static int layout_check_reg(char *msg, size_t cap)
 {
-    static const uint32_t backgrounds[4] = {0u, 15u, 7u, 8u};
     uint64_t rng = 0x9E3779B97F4A7C15ull;
     for (int c0 = 0; c0 < 16; c0++)
         for (int c1 = 0; c1 < 16; c1++)
-            for (int bg = 0; bg < 4 + 32; bg++) {
-                uint32_t word = place((uint32_t)c0, J, P) | place((uint32_t)c1, J + 4, P);
-                for (int j = 0; j < 8; j++) {
-                    if (j == J || j == J + 4) continue;
-                    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-                    word |= place(bg < 4 ? backgrounds[bg] : (uint32_t)(rng >> 60), j, P);
-                }
+            for (int bg = 0; bg < CHECK_BACKGROUNDS; bg++) {
+                const uint32_t word = check_word(P, J, c0, c1, bg, rng);
                 const uint32_t got = P ? e2m1x2_bf16lin<D>(word) : e2m1x2_f16<D>(word);
                 const int codes[2] = {c0, c1};
                 for (int h = 0; h < 2; h++) {
@@ -2239,14 +2248,21 @@ done:
     return rc;
 }
 
-extern "C" int td_cuda_round_split_check(int broken, char *msg, size_t cap)
+/* Whether a CUDA device is there for the GPU checks (else msg says so). */
+static bool check_device(char *msg, size_t cap)
 {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         cudaGetLastError();
         snprintf(msg, cap, "no CUDA device");
-        return -1;
+        return false;
     }
+    return true;
+}
+
+extern "C" int td_cuda_round_split_check(int broken, char *msg, size_t cap)
+{
+    if (!check_device(msg, cap)) return -1;
     static const struct {
         int64_t M, H;
         int nst;
@@ -2278,14 +2294,8 @@ __global__ void k_bf16_decode_check(const uint32_t *words, const uint8_t *dsel, 
 
 extern "C" int td_cuda_nvfp4_bf16_check(int broken, char *msg, size_t cap)
 {
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        cudaGetLastError();
-        snprintf(msg, cap, "no CUDA device");
-        return -1;
-    }
-    static const uint32_t backgrounds[4] = {0u, 15u, 7u, 8u};
-    const int per = 16 * 16 * (4 + 32), n = 4 * per;
+    if (!check_device(msg, cap)) return -1;
+    const int per = 16 * 16 * CHECK_BACKGROUNDS, n = 4 * per;
     uint32_t *hw = (uint32_t *)malloc((size_t)n * 4), *ho = (uint32_t *)malloc((size_t)n * 4);
     uint8_t *hsel = (uint8_t *)malloc((size_t)n), *codes = (uint8_t *)malloc((size_t)n * 2);
     uint32_t *dw = NULL, *dout = NULL;
@@ -2298,14 +2308,8 @@ extern "C" int td_cuda_nvfp4_bf16_check(int broken, char *msg, size_t cap)
         for (int J = 0; J < 4; J++)
             for (int c0 = 0; c0 < 16; c0++)
                 for (int c1 = 0; c1 < 16; c1++)
-                    for (int bg = 0; bg < 4 + 32; bg++, i++) {
-                        uint32_t word = place((uint32_t)c0, J, 1) | place((uint32_t)c1, J + 4, 1);
-                        for (int j = 0; j < 8; j++) {
-                            if (j == J || j == J + 4) continue;
-                            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-                            word |= place(bg < 4 ? backgrounds[bg] : (uint32_t)(rng >> 60), j, 1);
-                        }
-                        hw[i] = word;
+                    for (int bg = 0; bg < CHECK_BACKGROUNDS; bg++, i++) {
+                        hw[i] = check_word(1, J, c0, c1, bg, rng);
                         hsel[i] = (uint8_t)(broken && J == 2 ? 3 : J);
                         codes[2 * i] = (uint8_t)c0;
                         codes[2 * i + 1] = (uint8_t)c1;

@@ -847,23 +847,30 @@ static void cuda_nvfp4_layout(void **state)
     assert_non_null(strstr(msg, "BF16 placement, register 2"));
 }
 
+/* A GPU check of cuda/nvfp4_layout.h (check(broken, msg, cap): 0 ok, 1 mismatch, -1 no device):
+ * it must pass, and its broken variant must fail with a message containing `caught`. */
+static void gpu_check(int (*check)(int, char *, size_t), const char *what, const char *caught)
+{
+    char msg[320];
+    const int rc = check(0, msg, sizeof msg);
+    if (rc < 0) {
+        print_message("  skipped: %s\n", msg);
+        skip();
+    }
+    print_message("  %s: %s\n", what, msg);
+    assert_int_equal(rc, 0);
+    assert_string_equal(msg, "ok");
+    assert_int_equal(check(1, msg, sizeof msg), 1);
+    print_message("  a wrong %s is caught: %s\n", what, msg);
+    assert_non_null(strstr(msg, caught));
+}
+
 /* The BF16 placement's decode with its BF16 multiplication by 2^112, on the GPU: every code
  * pair of every register to the BF16 bits of e2m1 x 2^-14; a wrong decode must fail. */
 static void cuda_nvfp4_bf16_decode(void **state)
 {
     (void)state;
-    char msg[320];
-    const int rc = td_cuda_nvfp4_bf16_check(0, msg, sizeof msg);
-    if (rc < 0) {
-        print_message("  skipped: %s\n", msg);
-        skip();
-    }
-    print_message("  BF16 decode: %s\n", msg);
-    assert_int_equal(rc, 0);
-    assert_string_equal(msg, "ok");
-    assert_int_equal(td_cuda_nvfp4_bf16_check(1, msg, sizeof msg), 1);
-    print_message("  a wrong decode is caught: %s\n", msg);
-    assert_non_null(strstr(msg, "register 2"));
+    gpu_check(td_cuda_nvfp4_bf16_check, "BF16 decode", "register 2");
 }
 
 /* The block's input rounded and laid out for k_wgp in one launch (cu_mm_round_split), on the
@@ -872,18 +879,7 @@ static void cuda_nvfp4_bf16_decode(void **state)
 static void cuda_round_split(void **state)
 {
     (void)state;
-    char msg[320];
-    const int rc = td_cuda_round_split_check(0, msg, sizeof msg);
-    if (rc < 0) {
-        print_message("  skipped: %s\n", msg);
-        skip();
-    }
-    print_message("  round + k_wgp layout: %s\n", msg);
-    assert_int_equal(rc, 0);
-    assert_string_equal(msg, "ok");
-    assert_int_equal(td_cuda_round_split_check(1, msg, sizeof msg), 1);
-    print_message("  a wrong layout is caught: %s\n", msg);
-    assert_non_null(strstr(msg, "expected"));
+    gpu_check(td_cuda_round_split_check, "round + k_wgp layout", "expected");
 }
 
 static void cuda_rejects(void **state)
