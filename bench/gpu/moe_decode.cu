@@ -28,6 +28,10 @@
  *           experts, pointer arrays prepared per route set) plus the engine's routing and
  *           combine kernels and a SwiGLU kernel; the shared expert on a second stream from
  *           the rounded input on, as in the engine
+ * --big V: every 7th token (from token 3) gets one input of magnitude V beside inputs uniform
+ * in [-0.3, 0.3]; with bf16 and V >= 65536 the decode kernel stages the groups holding those
+ * tokens unscaled and decodes them with the BF16 multiplication (docs/cuda.md, Numerics). The
+ * shapes stored to --db get ".bigV".
  * --no-presplit: no split workspace (cu_mm_call::split_ws): the prefill-sized BF16 GEMMs
  * (router, shared expert) run on k_gemm instead of k_wgp, and the block's input is rounded
  * without being laid out for k_wgp (the same bits).
@@ -110,6 +114,13 @@ __global__ void k_fill_f32(float *p, size_t n, uint64_t seed, float a)
         const uint64_t h = mix64(seed ^ (i * 0x632BE59BD9B4E019ull));
         p[i] = a * ((float)(h >> 40) / (float)(1ull << 24) * 2.0f - 1.0f);
     }
+}
+
+/* --big: input (t, (t * 131) % H) of every 7th token t (from 3) set to +-v, signs alternating */
+__global__ void k_set_big(float *x, int64_t tokens, int64_t H, float v)
+{
+    const int64_t t = 3 + 7 * ((int64_t)blockIdx.x * blockDim.x + threadIdx.x);
+    if (t < tokens) x[t * H + (t * 131) % H] = (t / 7) % 2 ? -v : v;
 }
 
 /* NVFP4 -> BF16 dequantization of the baseline's weights, row-major [rows, cols] per matrix,
@@ -209,6 +220,7 @@ typedef struct opts {
     std::vector<int64_t> Ms;
     int iters, sets;
     uint64_t seed;
+    int64_t big;        /* --big: 0 none */
     const char *cublas, *db;
 } opts;
 
@@ -217,7 +229,7 @@ static void usage(void)
     fprintf(stderr, "usage: moe_decode [--hidden N] [--experts N] [--inter N] [--topk N] [--shared N] [--tp N]\n"
                     "                  [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]\n"
                     "                  [--kernels fast|generic] [--prio main|shared|off]\n"
-                    "                  [--M 1,2,4,8,16,784] [--iters N] [--sets N] [--seed N] [--cublas LIB]\n"
+                    "                  [--M 1,2,4,8,16,784] [--iters N] [--sets N] [--seed N] [--big V] [--cublas LIB]\n"
                     "                  [--db PATH] [--json] [--no-cublas] [--no-presplit]\n");
     exit(2);
 }
@@ -240,7 +252,7 @@ static void parse(int argc, char **argv, opts *o)
     o->no_presplit = false;
     o->prio = 0;
     o->Ms = {1, 2, 4, 8, 16, 784};
-    o->iters = 200, o->sets = 16, o->seed = 1, o->cublas = NULL, o->db = NULL;
+    o->iters = 200, o->sets = 16, o->seed = 1, o->big = 0, o->cublas = NULL, o->db = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--json")) {
@@ -266,6 +278,7 @@ static void parse(int argc, char **argv, opts *o)
         else if (!strcmp(a, "--iters")) o->iters = (int)num(a, v);
         else if (!strcmp(a, "--sets")) o->sets = (int)num(a, v);
         else if (!strcmp(a, "--seed")) o->seed = (uint64_t)num(a, v);
+        else if (!strcmp(a, "--big")) o->big = num(a, v);
         else if (!strcmp(a, "--cublas")) o->cublas = v;
         else if (!strcmp(a, "--db")) o->db = v;
         else if (!strcmp(a, "--act")) {
@@ -467,6 +480,10 @@ int main(int argc, char **argv)
     BENCH_CK(cudaMalloc(&sgb, (size_t)C * 4));
     k_fill_f32<<<1024, 256>>>(ws.x, (size_t)(C * H), o.seed * 11 + 9, 0.3f);
     BENCH_CK(cudaGetLastError());
+    if (o.big) {
+        k_set_big<<<(unsigned)((C / 7 + 256) / 256), 256>>>(ws.x, C, H, (float)o.big);
+        BENCH_CK(cudaGetLastError());
+    }
     std::vector<float> hw((size_t)S);
     for (int64_t i = 0; i < S; i++) hw[(size_t)i] = 1.0f / (float)k;
     BENCH_CK(cudaMemcpy(ws.wts, hw.data(), (size_t)S * 4, cudaMemcpyHostToDevice));
@@ -711,9 +728,10 @@ int main(int argc, char **argv)
         int64_t run;
         TRYE(td_db_run_begin(db, &info, &run, &err), err);
         for (const row &r : rows) {
-            char shape[64];
-            snprintf(shape, sizeof shape, "M%lld.h%lld.e%lld.i%lld.k%lld", (long long)r.M, (long long)H,
-                     (long long)E, (long long)il, (long long)k);
+            char shape[96], bigs[32] = "";
+            if (o.big) snprintf(bigs, sizeof bigs, ".big%lld", (long long)o.big);
+            snprintf(shape, sizeof shape, "M%lld.h%lld.e%lld.i%lld.k%lld%s", (long long)r.M, (long long)H,
+                     (long long)E, (long long)il, (long long)k, bigs);
             const struct {
                 const char *bench;
                 double v;
