@@ -110,18 +110,6 @@ __device__ __forceinline__ void cu_bulk_copy(uint32_t dst, const void *src, uint
                  "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
-/* 16 bytes from global to shared memory without registers (cp.async): src_bytes 16, or 0 to
- * write zeros (src must still be a valid address). */
-__device__ __forceinline__ void cu_cp_async16(uint32_t dst, const void *src, uint32_t src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-/* One arrival on the mbarrier once all of this thread's earlier cp.async copies have landed
- * (counted in the barrier's arrivals: init it with one per arriving thread). */
-__device__ __forceinline__ void cu_cp_async_arrive(uint32_t bar)
-{
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 __device__ __forceinline__ void cu_mbar_wait(uint32_t bar, uint32_t phase)
 {
     uint32_t done;

@@ -11,8 +11,10 @@
  *   per TP rank: shared expert (W13 + SwiGLU, W2), routed experts (W13 + SwiGLU, W2), combine
  *   (rank outputs added in rank order; rounded once more for tp_rank=all; the shared expert
  *   of a later rank forks after the previous rank's combine)
- * At prefill sizes with FP16 inputs the BF16 GEMMs (router, shared W13 and W2) are preceded by
- * the split of their inputs into ws->sp_x / ws->sp_sh when those are given (cu_mm_call::split_ws).
+ * At prefill sizes the BF16 GEMMs (router, shared W13 and W2) run on k_wgp when ws->sp_x and
+ * ws->sp_sh are given (cu_mm_call::split_ws): the round writes the input in k_wgp's layout into
+ * sp_x for the router and the shared W13 (cu_mm_round_split), the shared W2's input is laid out
+ * into sp_sh before it (FP16 inputs split into BF16 hi / lo, BF16 inputs as they are).
  * Every kernel launched on ws->s after the first is a programmatic dependent launch
  * (common.cuh): it may start while its predecessor runs and waits for it before any access.
  * CU_BLOCK_ROUTER stops after the logits; CU_BLOCK_ROUTED runs only grouping and the routed
@@ -74,9 +76,10 @@ typedef struct cu_block_ws {
     int32_t *n_groups;          /* [1] */
     int32_t *g_mat, *g_start, *g_count; /* [cu_mm_group_bound(C*k, E)] */
     int32_t *perm;              /* [C*k] */
-    uint8_t *sp_x, *sp_sh;      /* optional (NULL: unused): k_wgp's pre-split inputs
-                                   (cu_mm_call::split_ws) of the router, [cu_mm_split_bytes(C, H)],
-                                   and of the shared expert's W13 and W2 one after the other,
+    uint8_t *sp_x, *sp_sh;      /* optional (NULL: unused): k_wgp's laid-out inputs
+                                   (cu_mm_call::split_ws) of the router and the shared W13,
+                                   [cu_mm_split_bytes(C, H)], and of the shared W2 (or of the
+                                   shared W13 too when the round did not lay x out),
                                    [cu_mm_split_bytes(C, max(H, Is/tp))] */
     int32_t *ids_discard;       /* [C, k], optional: with imposed routes, the routing kernel */
     float *wts_discard;         /* still runs at its place and writes here (the bench's timing) */

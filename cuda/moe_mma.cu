@@ -274,15 +274,22 @@ extern "C" int td_cuda_nvfp4_layout_check(int broken, char *msg, size_t cap)
     return 0;
 }
 
+/* A BF16 pair times 2^112 (BF16 0x7780), one BF16 multiplication: exact, subnormals included
+ * (checked on the GPU by td_cuda_nvfp4_bf16_check), unless the product overflows
+ * (bf16x2_big). */
+__device__ __forceinline__ uint32_t bf16x2_up112(uint32_t w)
+{
+    uint32_t r;
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(w), "r"(0x77807780u));
+    return r;
+}
+
 /* Register J of a word in the BF16 placement as BF16 e2m1 x 2^-14: the linear decode times
- * 2^112 (BF16 0x7780), one BF16 multiplication, exact (the 0.5 code's subnormal included;
- * checked on the GPU by td_cuda_nvfp4_bf16_check). */
+ * 2^112. */
 template <int J>
 __device__ __forceinline__ uint32_t e2m1x2_bf16(uint32_t w)
 {
-    uint32_t r;
-    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(e2m1x2_bf16lin<J>(w)), "r"(0x77807780u));
-    return r;
+    return bf16x2_up112(e2m1x2_bf16lin<J>(w));
 }
 
 /* Register J of a word as the mma's A operand for act_dtype ACT (the matrix's placement). */
@@ -400,14 +407,6 @@ __device__ __forceinline__ bool bf16x2_big(uint32_t w)
 {
     const uint32_t e0 = (w >> 7) & 0xFFu, e1 = (w >> 23) & 0xFFu;
     return (e0 >= 143u && e0 != 255u) || (e1 >= 143u && e1 != 255u);
-}
-
-/* A BF16 pair times 2^112 (exact unless bf16x2_big). */
-__device__ __forceinline__ uint32_t bf16x2_up112(uint32_t w)
-{
-    uint32_t r;
-    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(w), "r"(0x77807780u));
-    return r;
 }
 
 /* Stage the group's input rows into xs (all threads of the block; ends with a block barrier).
@@ -1132,15 +1131,8 @@ __global__ void __launch_bounds__(256) k_round_split(const float *x, float *xa, 
         float r[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            if (ACT == 1) {
-                const __half h = __float2half_rn(f[j]);
-                b[j] = __half_as_ushort(h);
-                r[j] = __half2float(h);
-            } else {
-                const __nv_bfloat16 h = __float2bfloat16_rn(f[j]);
-                b[j] = __bfloat16_as_ushort(h);
-                r[j] = __bfloat162float(h);
-            }
+            b[j] = bits16(f[j], ACT);
+            r[j] = round_act16(f[j], ACT);
         }
         q = make_uint4(b[0] | b[1] << 16, b[2] | b[3] << 16, b[4] | b[5] << 16, b[6] | b[7] << 16);
         *reinterpret_cast<uint4 *>(x16 + t * H + c0) = q;
