@@ -4,7 +4,7 @@
  * usage: moe_decode [--hidden 2560] [--experts 512] [--inter 640] [--topk 10] [--shared 640]
  *                   [--tp 1] [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]
  *                   [--kernels fast|generic] [--prio main|shared|off]
- *                   [--M 1,2,4,8,16,784] [--iters 200] [--sets 16] [--seed 1]
+ *                   [--M 1,2,4,8,16,784] [--iters 200] [--sets 16] [--seed 1] [--big V]
  *                   [--cublas LIB] [--no-cublas] [--no-presplit] [--db PATH] [--json]
  *
  * Weights are synthetic (seeded hash of the index; E4M3 codes 0x38..0x5f, globals 2^-7) in the
