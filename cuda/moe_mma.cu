@@ -274,9 +274,9 @@ extern "C" int td_cuda_nvfp4_layout_check(int broken, char *msg, size_t cap)
     return 0;
 }
 
-/* A BF16 pair times 2^112 (BF16 0x7780), one BF16 multiplication: exact, subnormals included
- * (checked on the GPU by td_cuda_nvfp4_bf16_check), unless the product overflows
- * (bf16x2_big). */
+/* A BF16 pair times 2^112 (BF16 0x7780), one BF16 multiplication: exact for the decode's
+ * E2M1 x 2^-126, the 0.5 code's subnormal included (checked on the GPU by
+ * td_cuda_nvfp4_bf16_check). */
 __device__ __forceinline__ uint32_t bf16x2_up112(uint32_t w)
 {
     uint32_t r;
@@ -400,24 +400,14 @@ __device__ __forceinline__ void store_x4(uint4 q, uint32_t *d, int copy)
  * __syncthreads(). Words 4v .. 4v+3 (v = 4s + m) land at s*16 + i*4 + (m>>1)*2 + (m&1),
  * i = 0..3. The (row, v) pairs of all rows are one index space and each thread issues U
  * loads before it stores any, so staging 16 rows costs a few round trips to memory, not one
- * per row (U: 4 in k_dec, 2 in k_mm, whose weight registers are live meanwhile). */
-/* Whether a BF16 pair holds a finite value of magnitude 2^16 or more (exponent field 143..254):
- * one that times 2^112 would overflow BF16. */
-__device__ __forceinline__ bool bf16x2_big(uint32_t w)
+ * per row (U: 4 in k_dec, 2 in k_mm, whose weight registers are live meanwhile). The inputs
+ * are staged as they are: BF16 inputs are not scaled to meet a weight decode without its
+ * multiplication by 2^112 (E2M1 x 2^-126 by x 2^112), because the tensor cores' sum of the
+ * same products then differs in its last bit for some inputs (docs/cuda.md, Numerics). */
+template <bool SPLIT, int U>
+__device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, int64_t slot0, int count, uint32_t *xs,
+                                        int s0 = 0, int s1 = -1)
 {
-    const uint32_t e0 = (w >> 7) & 0xFFu, e1 = (w >> 23) & 0xFFu;
-    return (e0 >= 143u && e0 != 255u) || (e1 >= 143u && e1 != 255u);
-}
-
-/* Stage the group's input rows into xs (all threads of the block; ends with a block barrier).
- * SC (BF16 inputs): each input times 2^112, so that the decode's E2M1 x 2^-126 times it is the
- * same product as E2M1 x 2^-14 times the input; returns whether an input was too large for
- * that (bf16x2_big, the same for every thread): the caller then stages again without SC. */
-template <bool SPLIT, int U, bool SC = false>
-__device__ __forceinline__ int stage_x(const mm_args &a, const int32_t *plist, int64_t slot0, int count, uint32_t *xs,
-                                       int s0 = 0, int s1 = -1)
-{
-    int big = 0;
     /* steps [s0, s1) (s1 < 0: to the end of K) land at step s - s0 */
     const int xs_w = (int)a.geo.xs_w, valid = (int)(a.c.in_cols / 8);
     const int v0 = 4 * s0, v1 = s1 < 0 ? (int)(a.c.W.K / 8) : 4 * s1, nv = v1 - v0;
@@ -437,11 +427,6 @@ __device__ __forceinline__ int stage_x(const mm_args &a, const int32_t *plist, i
                 const int slot = plist ? plist[j] : (int)slot0 + j;
                 if (v < valid)
                     q4[u] = __ldg(reinterpret_cast<const uint4 *>(a.c.in16 + (int64_t)(slot / div) * a.c.in_ld) + v);
-                if (SC) {
-                    big |= bf16x2_big(q4[u].x) | bf16x2_big(q4[u].y) | bf16x2_big(q4[u].z) | bf16x2_big(q4[u].w);
-                    q4[u] = make_uint4(bf16x2_up112(q4[u].x), bf16x2_up112(q4[u].y), bf16x2_up112(q4[u].z),
-                                       bf16x2_up112(q4[u].w));
-                }
                 const int m = v & 3;
                 dst[u] = xs + j * xs_w + ((v >> 2) - s0) * 16 + (m >> 1) * 2 + (m & 1);
             }
@@ -450,9 +435,7 @@ __device__ __forceinline__ int stage_x(const mm_args &a, const int32_t *plist, i
         for (int u = 0; u < U; u++)
             if (dst[u]) store_x4<SPLIT>(q4[u], dst[u], copy);
     }
-    if (SC) return __syncthreads_or(big);
     __syncthreads();
-    return 0;
 }
 
 /* One warp's weights and scales of up to PF steps, in registers. */
@@ -1360,9 +1343,8 @@ template <int WK, int CH, int DW> struct dec_stream {
 };
 
 /* Partial sums of one chunk (acc from +0) for NT 8-token tiles, from its buffer; B from the
- * staged rows, steps from step0 of the row. SC (BF16 inputs staged times 2^112): the weights
- * as E2M1 x 2^-126 (the BF16 decode without its multiplication): the same products. */
-template <int WK, int ACT, int CH, int NT, bool SC>
+ * staged rows, steps from step0 of the row. */
+template <int WK, int ACT, int CH, int NT>
 __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, const uint8_t *buf, const uint32_t *xs,
                                           int step0, int lane, float acc[DEC_NA][4])
 {
@@ -1408,11 +1390,8 @@ __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, co
 #pragma unroll
         for (int bb = 0; bb < 2; bb++) {
             const uint32_t word = bb ? wq.y : wq.x;
-            /* SC: the staged inputs carry the 2^112 the BF16 decode leaves out */
-            const uint32_t A[4] = {SC ? e2m1x2_bf16lin<0>(word) : e2m1x2_act<ACT, 0>(word),
-                                   SC ? e2m1x2_bf16lin<1>(word) : e2m1x2_act<ACT, 1>(word),
-                                   SC ? e2m1x2_bf16lin<2>(word) : e2m1x2_act<ACT, 2>(word),
-                                   SC ? e2m1x2_bf16lin<3>(word) : e2m1x2_act<ACT, 3>(word)};
+            const uint32_t A[4] = {e2m1x2_act<ACT, 0>(word), e2m1x2_act<ACT, 1>(word), e2m1x2_act<ACT, 2>(word),
+                                   e2m1x2_act<ACT, 3>(word)};
             const float e_lo = bb ? eff_lo.y : eff_lo.x, e_hi = bb ? eff_hi.y : eff_hi.x;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -1506,26 +1485,16 @@ __device__ __forceinline__ void dec_range_cost(const cu_mm_call &c, int tbx, int
 
 /* dec_chunk for the group's tile count (uniform branches: tiles past the group's slots would be
  * dropped). */
-template <int WK, int ACT, int CH, int NT, bool SC>
+template <int WK, int ACT, int CH, int NT>
 __device__ __forceinline__ void dec_chunk_n(const mm_args &a, const dec_pos &p, const uint8_t *buf, const uint32_t *xs,
                                             int step0, int lane, float acc[DEC_NA][4])
 {
     if (NT >= 2 && p.count <= 8)
-        dec_chunk<WK, ACT, CH, 1, SC>(a, p, buf, xs, step0, lane, acc);
+        dec_chunk<WK, ACT, CH, 1>(a, p, buf, xs, step0, lane, acc);
     else if (NT == 3 && p.count <= 16)
-        dec_chunk<WK, ACT, CH, 2, SC>(a, p, buf, xs, step0, lane, acc);
+        dec_chunk<WK, ACT, CH, 2>(a, p, buf, xs, step0, lane, acc);
     else
-        dec_chunk<WK, ACT, CH, NT, SC>(a, p, buf, xs, step0, lane, acc);
-}
-
-/* Stage group p's rows; BF16 inputs times 2^112 unless one is too large (then as they are).
- * Returns whether they were scaled. */
-template <int ACT>
-__device__ __forceinline__ bool dec_stage(const mm_args &a, const dec_pos &p, uint32_t *xs)
-{
-    if (ACT == 2 && !stage_x<false, 4, true>(a, p.plist, p.slot0, p.count, xs)) return true;
-    stage_x<false, 4>(a, p.plist, p.slot0, p.count, xs);
-    return false;
+        dec_chunk<WK, ACT, CH, NT>(a, p, buf, xs, step0, lane, acc);
 }
 
 template <int WK, int ACT, int CH, int NT>
@@ -1575,7 +1544,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
     for (int st = 0; st < DEC_STAGES && is.more(); st++)
         is.issue(a, tbx, warp, lane, ring_s + st * Z::chunk, bar_s + st * 8);
     if (early) cu_pdl_wait();
-    bool scaled = dec_stage<ACT>(a, cur, xs); /* the staged rows carry 2^112 (BF16 inputs) */
+    stage_x<false, 4>(a, cur.plist, cur.slot0, cur.count, xs);
     int slot = 0;
     uint32_t phases = 0; /* bit s: the phase buffer s waits for next */
     for (int it = it0; it < it1; it++) {
@@ -1595,10 +1564,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
                 cu_mbar_wait(bar_s + slot * 8, phases >> slot & 1u);
                 phases ^= 1u << slot;
                 float p[DEC_NA][4];
-                if (ACT == 2 && scaled)
-                    dec_chunk_n<WK, ACT, CH, NT, true>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
-                else
-                    dec_chunk_n<WK, ACT, CH, NT, false>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
+                dec_chunk_n<WK, ACT, CH, NT>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -1621,7 +1587,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
             const dec_pos nxt = dec_next(a, cur, tbx);
             if (nxt.g != cur.g) { /* the same for every thread: a uniform branch */
                 __syncthreads(); /* every warp is done with the staged rows */
-                scaled = dec_stage<ACT>(a, nxt, xs);
+                stage_x<false, 4>(a, nxt.plist, nxt.slot0, nxt.count, xs);
             }
             cur = nxt;
         }

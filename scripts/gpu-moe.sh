@@ -74,8 +74,7 @@ sanitize)
   # hidden 320 / inter 160: chunks of 10 and 5 steps, so W13 and W2 run on the decode kernel
   # (one, two and three 8-token tiles at M = 1, 9 and 300) and the grouping kernel on 3,000 slots
   t racecheck compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,300 --iters 2 --sets 1 --act fp16 --dispatch grouped
-  # the same with BF16 inputs: the decode kernel stages them times 2^112 (one more block-wide
-  # vote per group)
+  # the same with BF16 inputs
   t racecheck_bf16 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,300 --iters 2 --sets 1 --act bf16 --dispatch grouped
   # 300 tokens, hidden 512, shared expert 2048: router, shared W13 and W2 run on k_wgp (wgmma;
   # issuer and consumer warps on mbarriers, the ring wrapping several times; the shared W13's

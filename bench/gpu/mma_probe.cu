@@ -19,6 +19,15 @@
  * bit with mma.sync (outputs poisoned with different patterns, so an unwritten element
  * differs). Prints one line per case and N, and exits 1 when any bit differs or a layout
  * check fails.
+ *
+ * Then, as a measurement (it does not change the exit status), whether mma.sync's sum of 16
+ * BF16 products depends on how the operands represent the same products: NVFP4 weights as
+ * E2M1 x 2^-14 (normal BF16; the engine's decode with its multiplication by 2^112) by the input
+ * x, against E2M1 x 2^-126 (the 0.5 code a BF16 subnormal; the decode without the
+ * multiplication) by x x 2^112. Each product is the same value. Per case (inputs of moderate
+ * exponents; the same with one input per 16 some hundred times larger; edge values) it counts
+ * the sums whose bits differ, and how many of those have their largest product on a 0.5 code
+ * (docs/cuda.md, Numerics).
  */
 #include <cuda_runtime.h>
 
@@ -185,6 +194,27 @@ static void time_wg(const uint16_t *dA, int blocks, float *sink, long long *dcyc
     const double per = (double)cyc[cyc.size() / 2] / iters;
     printf("  m64n%-3dk16 x %d chains, %3d blocks: %7.1f cycles per step, %6.1f per wgmma, %6.0f FMA per cycle per block\n",
            N, C, blocks, per, per / C, 64.0 * N * 16 * C / per);
+}
+
+/* One m16n8k16 per warp and tile, twice: fragments a[t][2][32][4] (the two A representations),
+ * b[t][2][32][2] (the matching B), d[t][2][32][4]. */
+__global__ void k_repr(const uint32_t *a, const uint32_t *b, int tiles, float *d)
+{
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= tiles) return;
+    for (int p = 0; p < 2; p++) {
+        const uint32_t *ap = a + ((size_t)t * 2 + p) * 128 + lane * 4, *bp = b + ((size_t)t * 2 + p) * 64 + lane * 2;
+        float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+                     : "r"(ap[0]), "r"(ap[1]), "r"(ap[2]), "r"(ap[3]), "r"(bp[0]), "r"(bp[1]));
+        float *dp = d + ((size_t)t * 2 + p) * 128 + lane * 4;
+        dp[0] = d0;
+        dp[1] = d1;
+        dp[2] = d2;
+        dp[3] = d3;
+    }
 }
 
 /* ---- host -------------------------------------------------------------------------------------- */
@@ -370,6 +400,109 @@ int main(int argc, char **argv)
             total_diff += diff;
             if (!layout) layout_wrong++;
         }
+    }
+    {
+        /* the operands' representation (see the header): codes uniform over the 16 E2M1
+         * codes; x per case; tiles of 16 x 16 codes by 16 x 8 inputs */
+        static const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+        const int T = 4096;
+        const char *rnames[] = {"x exp [-3,3]", "one x 2^7..2^10 larger", "edge values"};
+        std::vector<uint32_t> ha((size_t)T * 256), hb((size_t)T * 128);
+        std::vector<float> hd((size_t)T * 256);
+        std::vector<uint8_t> code(256);
+        std::vector<uint16_t> xv(128);
+        uint32_t *da, *db;
+        float *dd;
+        BENCH_CK(cudaMalloc(&da, ha.size() * 4));
+        BENCH_CK(cudaMalloc(&db, hb.size() * 4));
+        BENCH_CK(cudaMalloc(&dd, hd.size() * 4));
+        printf("BF16 operands: E2M1 x 2^-14 by x against E2M1 x 2^-126 by x x 2^112 (the same products), "
+               "%d tiles of 16 x 8 sums of 16 products:\n", T);
+        printf("%-24s %12s %14s %22s\n", "inputs", "sums differ", "of sums", "largest product on 0.5");
+        for (int cs = 0; cs < 3; cs++) {
+            uint64_t s = seed * 7777ull + (uint64_t)cs;
+            std::vector<std::vector<uint8_t>> codes(T);
+            std::vector<std::vector<uint16_t>> xs(T);
+            for (int t = 0; t < T; t++) {
+                for (int i = 0; i < 256; i++) code[i] = (uint8_t)(rng_next(&s) & 15);
+                for (int k = 0; k < 16; k++)
+                    for (int n = 0; n < 8; n++) {
+                        uint16_t v = gen(&s, -3, 3, false, false);
+                        if (cs == 2) {
+                            static const uint16_t edge[] = {0x0000, 0x8000, 0x0001, 0x8040, 0x0080, 0x477f, 0xc77f, 0x3f80};
+                            const uint64_t r = rng_next(&s);
+                            v = (r & 3) == 0 ? edge[(r >> 2) % 8] : gen(&s, -40, 15, true, false);
+                        }
+                        xv[k * 8 + n] = v;
+                    }
+                if (cs == 1) /* column n: input (t + n) % 16 2^7..2^10 times larger */
+                    for (int n = 0; n < 8; n++) {
+                        const int k = (t + n) % 16;
+                        const float v = bf16_to_f(xv[k * 8 + n]) * (float)(1 << (7 + (int)(rng_next(&s) & 3)));
+                        xv[k * 8 + n] = f_to_bf16(v);
+                    }
+                codes[t] = code;
+                xs[t] = xv;
+                for (int lane = 0; lane < 32; lane++) {
+                    const int g = lane >> 2, q = lane & 3;
+                    for (int r = 0; r < 4; r++) {
+                        const int m = g + 8 * (r & 1), k = 2 * q + 8 * (r >> 1);
+                        for (int p = 0; p < 2; p++) {
+                            const float sc = p ? 0x1p-126f : 0x1p-14f;
+                            uint32_t w = 0;
+                            for (int h = 0; h < 2; h++) {
+                                const uint8_t c = code[m * 16 + k + h];
+                                const float v = (c & 8 ? -1.0f : 1.0f) * e2m1[c & 7] * sc;
+                                /* E2M1 x 2^-126 of the 0.5 code is a subnormal float: its BF16
+                                 * bits are its top half, as for every value here */
+                                uint32_t u;
+                                memcpy(&u, &v, 4);
+                                w |= (u >> 16) << (16 * h);
+                            }
+                            ha[((size_t)t * 2 + p) * 128 + lane * 4 + r] = w;
+                        }
+                    }
+                    for (int r = 0; r < 2; r++) {
+                        const int k = 2 * q + 8 * r;
+                        for (int p = 0; p < 2; p++) {
+                            uint32_t w = 0;
+                            for (int h = 0; h < 2; h++) {
+                                const uint16_t x = xv[(k + h) * 8 + g];
+                                w |= (uint32_t)(p ? f_to_bf16(bf16_to_f(x) * 0x1p112f) : x) << (16 * h);
+                            }
+                            hb[((size_t)t * 2 + p) * 64 + lane * 2 + r] = w;
+                        }
+                    }
+                }
+            }
+            BENCH_CK(cudaMemcpy(da, ha.data(), ha.size() * 4, cudaMemcpyHostToDevice));
+            BENCH_CK(cudaMemcpy(db, hb.data(), hb.size() * 4, cudaMemcpyHostToDevice));
+            BENCH_CK(cudaMemset(dd, 0xff, hd.size() * 4));
+            k_repr<<<T / 4, 128>>>(da, db, T, dd);
+            BENCH_CK(cudaGetLastError());
+            BENCH_CK(cudaMemcpy(hd.data(), dd, hd.size() * 4, cudaMemcpyDeviceToHost));
+            long long diff = 0, on_half = 0;
+            for (int t = 0; t < T; t++)
+                for (int lane = 0; lane < 32; lane++)
+                    for (int r = 0; r < 4; r++) {
+                        const float d1 = hd[((size_t)t * 2) * 128 + lane * 4 + r], d2 = hd[((size_t)t * 2 + 1) * 128 + lane * 4 + r];
+                        if (same_bits(d1, d2)) continue;
+                        diff++;
+                        const int m = (lane >> 2) + 8 * (r >> 1), n = 2 * (lane & 3) + (r & 1);
+                        double best = -1;
+                        int bc = 0;
+                        for (int k = 0; k < 16; k++) {
+                            const uint8_t c = codes[t][m * 16 + k];
+                            const double pr = fabs((double)e2m1[c & 7] * bf16_to_f(xs[t][k * 8 + n]));
+                            if (pr > best) best = pr, bc = c & 7;
+                        }
+                        if (bc == 1) on_half++;
+                    }
+            printf("%-24s %12lld %14d %22lld\n", rnames[cs], diff, T * 128, on_half);
+        }
+        BENCH_CK(cudaFree(da));
+        BENCH_CK(cudaFree(db));
+        BENCH_CK(cudaFree(dd));
     }
     {
         float *sink;

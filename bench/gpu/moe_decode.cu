@@ -29,9 +29,8 @@
  *           combine kernels and a SwiGLU kernel; the shared expert on a second stream from
  *           the rounded input on, as in the engine
  * --big V: every 7th token (from token 3) gets one input of magnitude V beside inputs uniform
- * in [-0.3, 0.3]; with bf16 and V >= 65536 the decode kernel stages the groups holding those
- * tokens unscaled and decodes them with the BF16 multiplication (docs/cuda.md, Numerics). The
- * shapes stored to --db get ".bigV".
+ * in [-0.3, 0.3] (an outlier channel; no kernel takes another path for it). The shapes stored
+ * to --db get ".bigV".
  * --no-presplit: no split workspace (cu_mm_call::split_ws): the prefill-sized BF16 GEMMs
  * (router, shared expert) run on k_gemm instead of k_wgp, and the block's input is rounded
  * without being laid out for k_wgp (the same bits).

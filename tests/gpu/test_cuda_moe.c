@@ -31,8 +31,7 @@
  *   multiplication by 2^112 on the GPU, every code pair;
  * - the decode kernel (k_dec) against the general kernel (kernels=generic), bit for bit, for
  *   fp16/bf16, prepared/raw, direct/grouped, graphs, TP slices, on a shape where every routed
- *   projection takes it, and against ref; with BF16 inputs of 2^16 or more in some groups
- *   (which the decode kernel stages unscaled);
+ *   projection takes it, and against ref; with BF16 inputs of 7e4 to 3e5 in some groups;
  * - the block's input rounded and laid out for k_wgp in one launch (cu_mm_round_split) against
  *   the host's conversions and the layout's formula, with edge values and canaries;
  * - prefill-sized calls (the BF16 router and shared expert on k_wgp, its inputs laid out by the
@@ -543,10 +542,9 @@ static void cuda_decode_kernel(void **state)
         snprintf(generic, sizeof generic, "%s,kernels=generic", vs[i]);
         exact_seq(dir, vs[i], generic, 0, seq, n, "dec");
     }
-    /* BF16 inputs of 2^16 or more: the decode kernel stages those groups as they are and takes
-     * the decode with its multiplication (the others: inputs times 2^112, the decode without
-     * it); k_mm always the latter. Big tokens in some groups and not in others, in W13's
-     * input and (through the SwiGLU) in W2's. */
+    /* BF16 inputs of 7e4 to 3e5 (outlier channels; more than 2^16, so that an input scaled by
+     * 2^112 would overflow: the kernels stage inputs as they are): big tokens in some groups and
+     * not in others, in W13's input and (through the SwiGLU) in W2's. */
     static const exact_call big[] = {
         {17, -1, 600, 3e5f}, {8, 5, 601, 7e4f}, {300, -1, 602, 3e5f}, {784, 5, 603, 1e5f}, {5, -1, 604, 0}};
     static const char *const vb[] = {"cuda:act_dtype=bf16", "cuda:act_dtype=bf16,moe_dispatch=grouped",
