@@ -402,7 +402,7 @@ __device__ __forceinline__ void store_x4(uint4 q, uint32_t *d, int copy)
  * loads before it stores any, so staging 16 rows costs a few round trips to memory, not one
  * per row (U: 4 in k_dec, 2 in k_mm, whose weight registers are live meanwhile). The inputs
  * are staged as they are: BF16 inputs are not scaled to meet a weight decode without its
- * multiplication by 2^112 (E2M1 x 2^-126 by x 2^112), because the tensor cores' sum of the
+ * multiplication by 2^112 (E2M1 x 2^-126 by x times 2^112), because the tensor cores' sum of the
  * same products then differs in its last bit for some inputs (docs/cuda.md, Numerics). */
 template <bool SPLIT, int U>
 __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, int64_t slot0, int count, uint32_t *xs,
