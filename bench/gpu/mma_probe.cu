@@ -31,6 +31,9 @@
  */
 #include <cuda_runtime.h>
 
+extern "C" {
+#include "formats.h"
+}
 #include "gpu_timing.cuh"
 
 #include <errno.h>
@@ -58,6 +61,16 @@ __device__ __forceinline__ void a_frag(const uint16_t *A, int r0, int k0, int q,
     a[3] = A[(size_t)r1 * KA + k0 + 2 * q + 8] | (uint32_t)A[(size_t)r1 * KA + k0 + 2 * q + 9] << 16;
 }
 
+/* d += a b: one mma.sync m16n8k16, BF16 into FP32 */
+__device__ __forceinline__ void mma_bf16(const uint32_t a[4], uint32_t b0, uint32_t b1, float &d0, float &d1, float &d2,
+                                         float &d3)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /* mma.sync: warp w computes rows 16w..16w+15, every 8-column block of N in turn */
 __global__ void k_sync(const uint16_t *A, const uint16_t *B, int N, float *out)
 {
@@ -73,10 +86,7 @@ __global__ void k_sync(const uint16_t *A, const uint16_t *B, int N, float *out)
                 const uint16_t *bn = B + (size_t)n * KBB + kb * 16;
                 const uint32_t b0 = bn[2 * q] | (uint32_t)bn[2 * q + 1] << 16;
                 const uint32_t b1 = bn[2 * q + 8] | (uint32_t)bn[2 * q + 9] << 16;
-                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                             "{%8,%9}, {%0,%1,%2,%3};"
-                             : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
-                             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+                mma_bf16(a, b0, b1, d0, d1, d2, d3);
             }
         const int c = 8 * j + 2 * q;
         out[r0 * NMAX + c] = d0;
@@ -205,10 +215,7 @@ __global__ void k_repr(const uint32_t *a, const uint32_t *b, int tiles, float *d
     for (int p = 0; p < 2; p++) {
         const uint32_t *ap = a + ((size_t)t * 2 + p) * 128 + lane * 4, *bp = b + ((size_t)t * 2 + p) * 64 + lane * 2;
         float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                     "{%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
-                     : "r"(ap[0]), "r"(ap[1]), "r"(ap[2]), "r"(ap[3]), "r"(bp[0]), "r"(bp[1]));
+        mma_bf16(ap, bp[0], bp[1], d0, d1, d2, d3);
         float *dp = d + ((size_t)t * 2 + p) * 128 + lane * 4;
         dp[0] = d0;
         dp[1] = d1;
@@ -404,7 +411,6 @@ int main(int argc, char **argv)
     {
         /* the operands' representation (see the header): codes uniform over the 16 E2M1
          * codes; x per case; tiles of 16 x 16 codes by 16 x 8 inputs */
-        static const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
         const int T = 4096;
         const char *rnames[] = {"x exp [-3,3]", "one x 2^7..2^10 larger", "edge values"};
         std::vector<uint32_t> ha((size_t)T * 256), hb((size_t)T * 128);
@@ -452,7 +458,7 @@ int main(int argc, char **argv)
                             uint32_t w = 0;
                             for (int h = 0; h < 2; h++) {
                                 const uint8_t c = code[m * 16 + k + h];
-                                const float v = (c & 8 ? -1.0f : 1.0f) * e2m1[c & 7] * sc;
+                                const float v = td_e2m1_to_f32(c) * sc;
                                 /* E2M1 x 2^-126 of the 0.5 code is a subnormal float: its BF16
                                  * bits are its top half, as for every value here */
                                 uint32_t u;
@@ -493,7 +499,7 @@ int main(int argc, char **argv)
                         int bc = 0;
                         for (int k = 0; k < 16; k++) {
                             const uint8_t c = codes[t][m * 16 + k];
-                            const double pr = fabs((double)e2m1[c & 7] * bf16_to_f(xs[t][k * 8 + n]));
+                            const double pr = fabs((double)td_e2m1_to_f32(c) * bf16_to_f(xs[t][k * 8 + n]));
                             if (pr > best) best = pr, bc = c & 7;
                         }
                         if (bc == 1) on_half++;
