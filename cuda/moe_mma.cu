@@ -1497,6 +1497,99 @@ __device__ __forceinline__ void dec_chunk_n(const mm_args &a, const dec_pos &p, 
         dec_chunk<WK, ACT, CH, NT>(a, p, buf, xs, step0, lane, acc);
 }
 
+/* The last items of a one-tile call, split by chunks (NT = 1). With n items over B blocks of DW
+ * warps, q = n / B >= 1 and r = n % B > 0, equal ranges leave r blocks with q + 1 items while the
+ * others have q: those blocks' warps run a whole row tile (NC chunks one after the other) more,
+ * so the launch takes about (q + 1) / q as long (measured at M = 4: top-9 routes, 360 W13 items
+ * on 396 blocks, 38.7 us; top-10, 400 items, 49.4 us). Instead every block takes q items and
+ * the last r items' row tiles (T = r DW) are cut by chunks: a block takes DW / NC tiles at once,
+ * warp w computing chunk w % NC of tile w / NC (its partial sum, from +0, as in the whole-tile
+ * walk); the tile's chunk-0 warp adds the NC partials in chunk order from -0 and stores the
+ * epilogue. The same sums in the same order, so the same bits. Used when the tail tiles fit one
+ * round of the grid (T NC <= B DW) and NC >= 2. */
+struct dec_tail {
+    int n;     /* tail tiles of this block (0: none): tiles t0 .. t0 + n - 1 of the tail */
+    int t0;
+    int item0; /* the tail's first item (q B) */
+};
+
+/* Items of a call with equal-count ranges: groups x tbx. */
+__device__ __forceinline__ int dec_items(const cu_mm_call &c, int tbx)
+{
+    const int groups = c.perm ? *c.n_groups : (int)((c.nslots + c.pack - 1) / c.pack);
+    return groups * tbx;
+}
+
+/* Cut [it0, it1) to the block's q whole items and say its tail tiles (tail.n = 0: no tail;
+ * it0, it1 untouched). */
+__device__ __forceinline__ void dec_tail_range(int n_items, int NC, int DW, int &it0, int &it1, dec_tail &tail)
+{
+    const int B = (int)gridDim.x, b = (int)blockIdx.x, per = DW / NC;
+    const int q = n_items / B, r = n_items - q * B;
+    tail.n = 0;
+    if (NC < 2 || q < 1 || r == 0 || (int64_t)r * DW > (int64_t)B * per) return;
+    it0 = b * q;
+    it1 = it0 + q;
+    const int T = r * DW, t0 = b * per;
+    tail.item0 = q * B;
+    tail.t0 = t0;
+    tail.n = t0 >= T ? 0 : (T - t0 < per ? T - t0 : per);
+}
+
+template <int WK, int ACT, int CH>
+__device__ __forceinline__ void dec_tail_run(const mm_args &a, int tbx, const dec_tail &tail, uint4 *sh, uint32_t bar_s,
+                                             uint32_t *xs, int slot, uint32_t phases)
+{
+    typedef dec_sizes<WK, CH> Z;
+    constexpr int DW = dec_occupancy<1>::warps;
+    const cu_mm_call &c = a.c;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int NC = a.geo.NC, RT = (int)(c.W.R / 16);
+    const int j = warp / NC, ch = warp - j * NC;
+    /* the block's tail tiles lie in one item (t0 is a multiple of DW / NC, which divides DW) */
+    const int t = tail.t0 + j, item = tail.item0 + tail.t0 / DW;
+    dec_pos p;
+    p.g = item / tbx;
+    p.tb = item - p.g * tbx;
+    dec_group(a, p);
+    const int rt = p.tb * DW + t % DW;
+    const bool live = j < tail.n && rt < RT;
+    uint8_t *buf = reinterpret_cast<uint8_t *>(sh) + warp * DEC_STAGES * Z::chunk + slot * Z::chunk;
+    const uint32_t buf_s = cu_smem_addr(buf), bar = bar_s + slot * 8;
+    if (live) {
+        const uint8_t *gw, *gs;
+        dec_src<WK, CH>(a, p, rt, gw, gs);
+        dec_issue<WK, CH>(gw + (int64_t)ch * Z::w, gs + (int64_t)ch * Z::s, buf_s, bar, lane);
+    }
+    __syncthreads(); /* every warp is done with the staged rows of its last item */
+    stage_x<false, 4>(a, p.plist, p.slot0, p.count, xs);
+    float part[DEC_NA][4];
+    if (live) {
+        cu_mbar_wait(bar, phases >> slot & 1u);
+        dec_chunk_n<WK, ACT, CH, 1>(a, p, buf, xs, ch * CH, lane, part);
+        __syncwarp(); /* every lane is done with the chunk before the partials overwrite it */
+        reinterpret_cast<float4 *>(buf)[lane] = make_float4(part[0][0], part[0][1], part[0][2], part[0][3]);
+    }
+    __syncthreads();
+    if (!live || ch != 0) return;
+    float v[DEC_NA][4];
+#pragma unroll
+    for (int nt = 0; nt < DEC_NA; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) v[nt][e] = -0.0f;
+    for (int k = 0; k < NC; k++) {
+        const float4 q = reinterpret_cast<const float4 *>(reinterpret_cast<const uint8_t *>(sh) +
+                                                         (j * NC + k) * DEC_STAGES * Z::chunk + slot * Z::chunk)[lane];
+        v[0][0] = __fadd_rn(v[0][0], q.x);
+        v[0][1] = __fadd_rn(v[0][1], q.y);
+        v[0][2] = __fadd_rn(v[0][2], q.z);
+        v[0][3] = __fadd_rn(v[0][3], q.w);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) v[0][e] = __fmul_rn(v[0][e], 16384.0f); /* the codes' 2^-14 */
+    mm_epilogue<1, ACT>(c, rt, p.count, p.plist, p.slot0, lane, 1, v);
+}
+
 template <int WK, int ACT, int CH, int NT>
 __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<NT>::blocks)
     k_dec(mm_args a, int tbx)
@@ -1519,13 +1612,15 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
     cu_pdl_release();
     /* items: groups x blocks of DW row tiles, item = g * tbx + tb; this block's contiguous share */
     int it0, it1;
+    dec_tail tail;
+    tail.n = 0;
     if (NT >= 2 && c.perm) {
         dec_range_cost<NT>(c, tbx, it0, it1);
     } else {
-        const int groups = c.perm ? *c.n_groups : (int)((c.nslots + c.pack - 1) / c.pack);
-        const int n_items = groups * tbx;
+        const int n_items = dec_items(c, tbx);
         it0 = (int)((int64_t)blockIdx.x * n_items / gridDim.x);
         it1 = (int)((int64_t)(blockIdx.x + 1) * n_items / gridDim.x);
+        if (NT == 1) dec_tail_range(n_items, a.geo.NC, DW, it0, it1, tail);
     }
     if (it0 >= it1) return;
     if (lane < DEC_STAGES) cu_mbar_init(&bar[lane]);
@@ -1592,6 +1687,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
             cur = nxt;
         }
     }
+    if (NT == 1 && tail.n > 0) dec_tail_run<WK, ACT, CH>(a, tbx, tail, dec_sh, bar_s, xs, slot, phases);
 }
 
 /* k_group's slot-id array, padded past its end (to a multiple of 4 words, plus 4) so that the
