@@ -4,6 +4,7 @@
  * Layering: host packers (cu_pack_*), device helpers, kernels (k_*), launchers (cu_mm*).
  */
 #include "moe_mma.cuh"
+#include "dec_split.h"
 #include "nvfp4_layout.h"
 #include "wgmma.cuh"
 
@@ -1497,21 +1498,13 @@ __device__ __forceinline__ void dec_chunk_n(const mm_args &a, const dec_pos &p, 
         dec_chunk<WK, ACT, CH, NT>(a, p, buf, xs, step0, lane, acc);
 }
 
-/* The last items of a one-tile call, split by chunks (NT = 1). With n items over B blocks of DW
- * warps, q = n / B >= 1 and r = n % B > 0, equal ranges leave r blocks with q + 1 items while the
- * others have q: those blocks' warps run a whole row tile (NC chunks one after the other) more,
- * so the launch takes about (q + 1) / q as long (measured at M = 4: top-9 routes, 360 W13 items
- * on 396 blocks, 38.7 us; top-10, 400 items, 49.4 us). Instead every block takes q items and
- * the last r items' row tiles (T = r DW) are cut by chunks: a block takes DW / NC tiles at once,
- * warp w computing chunk w % NC of tile w / NC (its partial sum, from +0, as in the whole-tile
- * walk); the tile's chunk-0 warp adds the NC partials in chunk order from -0 and stores the
- * epilogue. The same sums in the same order, so the same bits. Used when the tail tiles fit one
- * round of the grid (T NC <= B DW) and NC >= 2. */
-struct dec_tail {
-    int n;     /* tail tiles of this block (0: none): tiles t0 .. t0 + n - 1 of the tail */
-    int t0;
-    int item0; /* the tail's first item (q B) */
-};
+/* The last items of a one-tile call, split by chunks (NT = 1; cuda/dec_split.h says which items
+ * and tiles a block takes, and why: at M = 4, top-9 routes give 360 W13 items on 396 blocks and
+ * the routed part took 38.7 us, top-10 routes 400 items and 49.4 us before this split). The
+ * block's tail tiles: DW / NC of them at once, warp w computing chunk w % NC of tile w / NC
+ * (its partial sum from +0, as the whole-tile walk computes it, into its ring buffer); after a
+ * block barrier the tile's chunk-0 warp adds the NC partials in chunk order from -0, scales by
+ * 2^14 and stores the epilogue. The same sums in the same order, so the same bits. */
 
 /* Items of a call with equal-count ranges: groups x tbx. */
 __device__ __forceinline__ int dec_items(const cu_mm_call &c, int tbx)
@@ -1520,25 +1513,9 @@ __device__ __forceinline__ int dec_items(const cu_mm_call &c, int tbx)
     return groups * tbx;
 }
 
-/* Cut [it0, it1) to the block's q whole items and say its tail tiles (tail.n = 0: no tail;
- * it0, it1 untouched). */
-__device__ __forceinline__ void dec_tail_range(int n_items, int NC, int DW, int &it0, int &it1, dec_tail &tail)
-{
-    const int B = (int)gridDim.x, b = (int)blockIdx.x, per = DW / NC;
-    const int q = n_items / B, r = n_items - q * B;
-    tail.n = 0;
-    if (NC < 2 || q < 1 || r == 0 || (int64_t)r * DW > (int64_t)B * per) return;
-    it0 = b * q;
-    it1 = it0 + q;
-    const int T = r * DW, t0 = b * per;
-    tail.item0 = q * B;
-    tail.t0 = t0;
-    tail.n = t0 >= T ? 0 : (T - t0 < per ? T - t0 : per);
-}
-
 template <int WK, int ACT, int CH>
-__device__ __forceinline__ void dec_tail_run(const mm_args &a, int tbx, const dec_tail &tail, uint4 *sh, uint32_t bar_s,
-                                             uint32_t *xs, int slot, uint32_t phases)
+__device__ __forceinline__ void dec_tail_run(const mm_args &a, int tbx, const td_dec_split &tail, uint4 *sh,
+                                             uint32_t bar_s, uint32_t *xs, int slot, uint32_t phases)
 {
     typedef dec_sizes<WK, CH> Z;
     constexpr int DW = dec_occupancy<1>::warps;
@@ -1546,14 +1523,14 @@ __device__ __forceinline__ void dec_tail_run(const mm_args &a, int tbx, const de
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int NC = a.geo.NC, RT = (int)(c.W.R / 16);
     const int j = warp / NC, ch = warp - j * NC;
-    /* the block's tail tiles lie in one item (t0 is a multiple of DW / NC, which divides DW) */
-    const int t = tail.t0 + j, item = tail.item0 + tail.t0 / DW;
+    /* the block's tail tiles lie in one item (dec_split.h) */
+    const int t = tail.tail_t0 + j, item = tail.tail_item0 + tail.tail_t0 / DW;
     dec_pos p;
     p.g = item / tbx;
     p.tb = item - p.g * tbx;
     dec_group(a, p);
     const int rt = p.tb * DW + t % DW;
-    const bool live = j < tail.n && rt < RT;
+    const bool live = j < tail.tail_n && rt < RT;
     uint8_t *buf = reinterpret_cast<uint8_t *>(sh) + warp * DEC_STAGES * Z::chunk + slot * Z::chunk;
     const uint32_t buf_s = cu_smem_addr(buf), bar = bar_s + slot * 8;
     if (live) {
@@ -1612,15 +1589,15 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
     cu_pdl_release();
     /* items: groups x blocks of DW row tiles, item = g * tbx + tb; this block's contiguous share */
     int it0, it1;
-    dec_tail tail;
-    tail.n = 0;
+    td_dec_split tail;
+    tail.tail_n = 0;
     if (NT >= 2 && c.perm) {
         dec_range_cost<NT>(c, tbx, it0, it1);
     } else {
-        const int n_items = dec_items(c, tbx);
-        it0 = (int)((int64_t)blockIdx.x * n_items / gridDim.x);
-        it1 = (int)((int64_t)(blockIdx.x + 1) * n_items / gridDim.x);
-        if (NT == 1) dec_tail_range(n_items, a.geo.NC, DW, it0, it1, tail);
+        /* equal ranges; with one tile, the last items by chunks where they fit (dec_split.h) */
+        td_dec_split_of(dec_items(c, tbx), NT == 1 ? a.geo.NC : 1, DW, (int)gridDim.x, (int)blockIdx.x, &tail);
+        it0 = tail.it0;
+        it1 = tail.it1;
     }
     if (it0 >= it1) return;
     if (lane < DEC_STAGES) cu_mbar_init(&bar[lane]);
@@ -1687,7 +1664,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
             cur = nxt;
         }
     }
-    if (NT == 1 && tail.n > 0) dec_tail_run<WK, ACT, CH>(a, tbx, tail, dec_sh, bar_s, xs, slot, phases);
+    if (NT == 1 && tail.tail_n > 0) dec_tail_run<WK, ACT, CH>(a, tbx, tail, dec_sh, bar_s, xs, slot, phases);
 }
 
 /* k_group's slot-id array, padded past its end (to a multiple of 4 words, plus 4) so that the

@@ -1,0 +1,56 @@
+/* dec_split.h — how the decode kernel (cuda/moe_mma.cu, k_dec) shares a one-tile call's items
+ * among its blocks, in plain C so that the host tests it (tests/test_dec_split.c) and the
+ * kernel runs the same code.
+ *
+ * An item is one group x DW row tiles (one per warp); a row tile is NC chunks of K, walked one
+ * after the other by one warp. Equal ranges of n items over B blocks leave r = n mod B blocks
+ * with one item more than the others, so those blocks' warps walk NC chunks more and the
+ * launch takes about (q + 1) / q times one block's q = n div B items. td_dec_split() gives
+ * block b of B its range [it0, it1) of whole items and, where the call has a tail that one
+ * round of the grid can take by chunks (NC >= 2, q >= 1, r > 0, r DW NC <= B DW), its share of
+ * the last r items' T = r DW row tiles: every block takes exactly q whole items (b q ..
+ * b q + q - 1) and the tiles tail_t0 .. tail_t0 + tail_n - 1 (tail_n <= DW / NC) of the tail,
+ * which begins at item tail_item0 = q B; a block's tail tiles lie in one item, tile t of the
+ * tail being row tile t mod DW of item tail_item0 + t div DW. Without such a tail, [it0, it1) is
+ * the equal split (b n / B .. (b + 1) n / B) and tail_n = 0. Every item is computed exactly once
+ * either way: whole, or its DW tiles each by NC warps of one block.
+ *
+ * Contract: n_items >= 0, NC and DW powers of two with NC <= DW, 1 <= B, 0 <= b < B, n_items and
+ * B below 2^31 / DW. Pure integer arithmetic, no state.
+ */
+#ifndef TD_CUDA_DEC_SPLIT_H
+#define TD_CUDA_DEC_SPLIT_H
+
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define TD_DEC_FN static inline __host__ __device__
+#else
+#define TD_DEC_FN static inline
+#endif
+
+typedef struct td_dec_split {
+    int it0, it1;   /* whole items [it0, it1) */
+    int tail_n;     /* tail tiles of this block (0: none) */
+    int tail_t0;    /* its first tail tile */
+    int tail_item0; /* the tail's first item (q B) */
+} td_dec_split;
+
+TD_DEC_FN void td_dec_split_of(int n_items, int NC, int DW, int B, int b, td_dec_split *s)
+{
+    s->it0 = (int)((int64_t)b * n_items / B);
+    s->it1 = (int)((int64_t)(b + 1) * n_items / B);
+    s->tail_n = 0;
+    s->tail_t0 = 0;
+    s->tail_item0 = 0;
+    const int per = DW / NC, q = n_items / B, r = n_items - q * B;
+    if (NC < 2 || q < 1 || r == 0 || (int64_t)r * DW > (int64_t)B * per) return;
+    const int T = r * DW, t0 = b * per;
+    s->it0 = b * q;
+    s->it1 = s->it0 + q;
+    s->tail_item0 = q * B;
+    s->tail_t0 = t0;
+    s->tail_n = t0 >= T ? 0 : (T - t0 < per ? T - t0 : per);
+}
+
+#endif /* TD_CUDA_DEC_SPLIT_H */

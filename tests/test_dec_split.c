@@ -1,0 +1,148 @@
+/* test_dec_split.c — the decode kernel's split of a one-tile call's items over its blocks
+ * (cuda/dec_split.h): every item computed exactly once (whole, or each of its row tiles by one
+ * block's warps), equal whole-item counts where a tail is taken by chunks, the tail only where
+ * one round of the grid holds it, and the production shape's cases worked out by hand. */
+#include "test_common.h"
+#include "cuda/dec_split.h"
+
+enum { DW = 8 };
+
+/* Check one (n, NC, B): coverage, balance, and the tail's conditions. Returns the blocks with
+ * tail tiles. */
+static int check_split(int n, int NC, int B)
+{
+    int *whole = calloc((size_t)n + 1, sizeof *whole), *tile = calloc((size_t)n * DW + 1, sizeof *tile);
+    assert_non_null(whole);
+    assert_non_null(tile);
+    const int q = n / B, r = n - q * B, per = DW / NC;
+    const int expect_tail = NC >= 2 && q >= 1 && r > 0 && (int64_t)r * DW <= (int64_t)B * per;
+    int tail_blocks = 0, tail_tiles = 0;
+    for (int b = 0; b < B; b++) {
+        td_dec_split s;
+        memset(&s, 0x5a, sizeof s); /* every field must be written */
+        td_dec_split_of(n, NC, DW, B, b, &s);
+        assert_true(0 <= s.it0 && s.it0 <= s.it1 && s.it1 <= n);
+        for (int i = s.it0; i < s.it1; i++) whole[i]++;
+        assert_true(s.tail_n >= 0 && s.tail_n <= per);
+        if (expect_tail) {
+            assert_int_equal(s.it1 - s.it0, q); /* balanced whole items */
+            assert_int_equal(s.tail_item0, q * B);
+        } else {
+            assert_int_equal(s.tail_n, 0);
+            assert_int_equal(s.it0, (int)((int64_t)b * n / B)); /* the equal split */
+            assert_int_equal(s.it1, (int)((int64_t)(b + 1) * n / B));
+        }
+        if (s.tail_n == 0) continue;
+        tail_blocks++;
+        /* the block's tail tiles lie in one item */
+        assert_int_equal(s.tail_t0 / DW, (s.tail_t0 + s.tail_n - 1) / DW);
+        for (int j = 0; j < s.tail_n; j++) {
+            const int t = s.tail_t0 + j, item = s.tail_item0 + t / DW;
+            assert_true(item >= s.tail_item0 && item < n);
+            tile[item * DW + t % DW]++;
+            tail_tiles++;
+        }
+    }
+    /* every item exactly once: whole, or all of its tiles once each */
+    for (int i = 0; i < n; i++) {
+        int tiles = 0;
+        for (int k = 0; k < DW; k++) {
+            assert_true(tile[i * DW + k] <= 1);
+            tiles += tile[i * DW + k];
+        }
+        if (whole[i] == 1) assert_int_equal(tiles, 0);
+        else {
+            assert_int_equal(whole[i], 0);
+            assert_int_equal(tiles, DW);
+        }
+    }
+    assert_int_equal(tail_tiles, expect_tail ? r * DW : 0);
+    free(whole);
+    free(tile);
+    return tail_blocks;
+}
+
+static void split_covers_every_item_once(void **state)
+{
+    (void)state;
+    static const int Bs[] = {1, 2, 3, 5, 8, 31, 132, 264, 396, 397};
+    static const int NCs[] = {1, 2, 4, 8};
+    long cases = 0, with_tail = 0;
+    for (size_t bi = 0; bi < sizeof Bs / sizeof Bs[0]; bi++)
+        for (size_t ci = 0; ci < sizeof NCs / sizeof NCs[0]; ci++) {
+            const int B = Bs[bi];
+            for (int n = 0; n <= 3 * B + 40; n++, cases++) with_tail += check_split(n, NCs[ci], B) > 0;
+            for (int n = 10 * B - 3; n <= 10 * B + 3 + B / 8; n++, cases++) with_tail += check_split(n, NCs[ci], B) > 0;
+        }
+    /* the tail is taken in many of the cases (not a check that never runs its branch) */
+    assert_true(with_tail > cases / 20);
+}
+
+/* The work of the busiest block, in chunks a warp walks one after the other: without the tail
+ * ceil(n / B) items of NC chunks; with it q items and one chunk of the tail. The tail never
+ * makes it longer, and shortens it wherever it is taken. */
+static void split_shortens_the_busiest_block(void **state)
+{
+    (void)state;
+    for (int NC = 2; NC <= 8; NC *= 2)
+        for (int B = 1; B <= 400; B += 13)
+            for (int n = B; n <= 4 * B; n++) {
+                int longest = 0, tail = 0;
+                for (int b = 0; b < B; b++) {
+                    td_dec_split s;
+                    td_dec_split_of(n, NC, DW, B, b, &s);
+                    const int w = (s.it1 - s.it0) * NC + (s.tail_n > 0);
+                    if (w > longest) longest = w;
+                    tail |= s.tail_n > 0;
+                }
+                const int equal = (n + B - 1) / B * NC;
+                assert_true(longest <= equal);
+                if (tail) assert_true(longest < equal);
+            }
+}
+
+/* The production shape on a 132-SM GPU (grid 396): W13 at K = 2560 (NC 8), W2 at K = 640 (NC 2). */
+static void split_production_cases(void **state)
+{
+    (void)state;
+    td_dec_split s;
+    /* M = 4, direct dispatch: W13 400 items -> 1 each and 32 tail tiles, one per block 0..31 */
+    td_dec_split_of(400, 8, DW, 396, 5, &s);
+    assert_int_equal(s.it0, 5);
+    assert_int_equal(s.it1, 6);
+    assert_int_equal(s.tail_n, 1);
+    assert_int_equal(s.tail_t0, 5);
+    assert_int_equal(s.tail_item0, 396);
+    td_dec_split_of(400, 8, DW, 396, 32, &s);
+    assert_int_equal(s.tail_n, 0);
+    assert_int_equal(s.it1 - s.it0, 1);
+    assert_int_equal(check_split(400, 8, 396), 32);
+    /* W2: 800 items -> 2 each and 64 tail tiles, four per block 0..15 */
+    td_dec_split_of(800, 2, DW, 396, 15, &s);
+    assert_int_equal(s.it0, 30);
+    assert_int_equal(s.it1, 32);
+    assert_int_equal(s.tail_n, 4);
+    assert_int_equal(s.tail_t0, 60);
+    assert_int_equal(check_split(800, 2, 396), 16);
+    /* M = 8 with top-9 routes: W13 720 items leave 324 over, 2,592 tiles: more than one round
+     * (396 blocks x 1 tile) holds, so the equal split */
+    assert_int_equal(check_split(720, 8, 396), 0);
+    td_dec_split_of(720, 8, DW, 396, 0, &s);
+    assert_int_equal(s.it1 - s.it0, 1);
+    td_dec_split_of(720, 8, DW, 396, 395, &s);
+    assert_int_equal(s.it1 - s.it0, 2);
+    /* one chunk per tile (K = 320): no tail */
+    assert_int_equal(check_split(400, 1, 396), 0);
+    /* fewer items than blocks (M = 1: 100 W13 items): no tail */
+    assert_int_equal(check_split(100, 8, 396), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(split_covers_every_item_once),
+        cmocka_unit_test(split_shortens_the_busiest_block),
+        cmocka_unit_test(split_production_cases),
+    };
+    return cmocka_run_group_tests_name("dec_split", tests, NULL, NULL);
+}
