@@ -5,7 +5,7 @@
  * An item is one group x DW row tiles (one per warp); a row tile is NC chunks of K, walked one
  * after the other by one warp. Equal ranges of n items over B blocks leave r = n mod B blocks
  * with one item more than the others, so those blocks' warps walk NC chunks more and the
- * launch takes about (q + 1) / q times one block's q = n div B items. td_dec_split() gives
+ * launch takes about (q + 1) / q times one block's q = n div B items. td_dec_split_of() gives
  * block b of B its range [it0, it1) of whole items and, where the call has a tail that one
  * round of the grid can take by chunks (NC >= 2, q >= 1, r > 0, r DW NC <= B DW), its share of
  * the last r items' T = r DW row tiles: every block takes exactly q whole items (b q ..

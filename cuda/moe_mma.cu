@@ -1498,14 +1498,6 @@ __device__ __forceinline__ void dec_chunk_n(const mm_args &a, const dec_pos &p, 
         dec_chunk<WK, ACT, CH, NT>(a, p, buf, xs, step0, lane, acc);
 }
 
-/* The last items of a one-tile call, split by chunks (NT = 1; cuda/dec_split.h says which items
- * and tiles a block takes, and why: at M = 4, top-9 routes give 360 W13 items on 396 blocks and
- * the routed part took 38.7 us, top-10 routes 400 items and 49.4 us before this split). The
- * block's tail tiles: DW / NC of them at once, warp w computing chunk w % NC of tile w / NC
- * (its partial sum from +0, as the whole-tile walk computes it, into its ring buffer); after a
- * block barrier the tile's chunk-0 warp adds the NC partials in chunk order from -0, scales by
- * 2^14 and stores the epilogue. The same sums in the same order, so the same bits. */
-
 /* Items of a call with equal-count ranges: groups x tbx. */
 __device__ __forceinline__ int dec_items(const cu_mm_call &c, int tbx)
 {
@@ -1513,6 +1505,13 @@ __device__ __forceinline__ int dec_items(const cu_mm_call &c, int tbx)
     return groups * tbx;
 }
 
+/* The last items of a one-tile call, split by chunks (NT = 1; cuda/dec_split.h says which items
+ * and tiles a block takes, and why: at M = 4, top-9 routes give 360 W13 items on 396 blocks and
+ * the routed part took 38.7 us, top-10 routes 400 items and 49.4 us before this split). The
+ * block's tail tiles: DW / NC of them at once, warp w computing chunk w % NC of tile w / NC
+ * (its partial sum from +0, as the whole-tile walk computes it, into its ring buffer); after a
+ * block barrier the tile's chunk-0 warp adds the NC partials in chunk order from -0, scales by
+ * 2^14 and stores the epilogue. The same sums in the same order, so the same bits. */
 template <int WK, int ACT, int CH>
 __device__ __forceinline__ void dec_tail_run(const mm_args &a, int tbx, const td_dec_split &tail, uint4 *sh,
                                              uint32_t bar_s, uint32_t *xs, int slot, uint32_t phases)
