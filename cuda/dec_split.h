@@ -53,4 +53,17 @@ TD_DEC_FN void td_dec_split_of(int n_items, int NC, int DW, int B, int b, td_dec
     s->tail_n = t0 >= T ? 0 : (T - t0 < per ? T - t0 : per);
 }
 
+/* Whether the launch may take a tail, for its host: with the item count known (exact != 0:
+ * direct dispatch) whether td_dec_split_of gives n_items a tail; with only a bound known (the
+ * groups are counted on the device) whether some count up to n_items may, i.e. NC >= 2 and more
+ * items than blocks. The kernel is instantiated with and without the tail's code, and a launch
+ * for which this is 0 takes the one without. */
+TD_DEC_FN int td_dec_tail_possible(int n_items, int exact, int NC, int DW, int B)
+{
+    if (!exact) return NC >= 2 && n_items > B;
+    td_dec_split s;
+    td_dec_split_of(n_items, NC, DW, B, 0, &s);
+    return s.tail_n > 0;
+}
+
 #endif /* TD_CUDA_DEC_SPLIT_H */

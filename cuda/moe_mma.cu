@@ -1566,10 +1566,14 @@ __device__ __forceinline__ void dec_tail_run(const mm_args &a, int tbx, const td
     mm_epilogue<1, ACT>(c, rt, p.count, p.plist, p.slot0, lane, 1, v);
 }
 
-template <int WK, int ACT, int CH, int NT>
+/* TAIL: the instantiation with the last items by chunks (NT = 1 only); the host takes the one
+ * without where no block can have a tail (td_dec_tail_possible), so those launches run no
+ * code of it. */
+template <int WK, int ACT, int CH, int NT, bool TAIL>
 __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<NT>::blocks)
     k_dec(mm_args a, int tbx)
 {
+    static_assert(NT == 1 || !TAIL, "the last items by chunks are for one token tile");
     typedef dec_sizes<WK, CH> Z;
     constexpr int DW = dec_occupancy<NT>::warps;
     extern __shared__ uint4 dec_sh[];
@@ -1594,7 +1598,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
         dec_range_cost<NT>(c, tbx, it0, it1);
     } else {
         /* equal ranges; with one tile, the last items by chunks where they fit (dec_split.h) */
-        td_dec_split_of(dec_items(c, tbx), NT == 1 ? a.geo.NC : 1, DW, (int)gridDim.x, (int)blockIdx.x, &tail);
+        td_dec_split_of(dec_items(c, tbx), TAIL ? a.geo.NC : 1, DW, (int)gridDim.x, (int)blockIdx.x, &tail);
         it0 = tail.it0;
         it1 = tail.it1;
     }
@@ -1663,7 +1667,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
             cur = nxt;
         }
     }
-    if (NT == 1 && tail.tail_n > 0) dec_tail_run<WK, ACT, CH>(a, tbx, tail, dec_sh, bar_s, xs, slot, phases);
+    if (TAIL && tail.tail_n > 0) dec_tail_run<WK, ACT, CH>(a, tbx, tail, dec_sh, bar_s, xs, slot, phases);
 }
 
 /* k_group's slot-id array, padded past its end (to a multiple of 4 words, plus 4) so that the
@@ -1807,11 +1811,14 @@ static cudaError_t set_wgp_smem(void)
 template <int WK, int ACT, int CH>
 static cudaError_t set_dec_smem(void)
 {
-    cudaError_t e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
+    cudaError_t e =
+        cudaFuncSetAttribute(k_dec<WK, ACT, CH, 1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
+        e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
+        e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 3, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
     return e;
 }
 
@@ -1898,6 +1905,13 @@ static td_status launch(const mm_args &a, dim3 grid, cudaStream_t s, td_err *err
     return TD_OK;
 }
 
+/* k_dec's instantiation: with the tail's code for one tile only. */
+template <int WK, int ACT, int CH, int NT, bool TAIL>
+static void (*dec_kernel(void))(mm_args, int)
+{
+    return k_dec<WK, ACT, CH, NT, NT == 1 && TAIL>;
+}
+
 template <int WK, int ACT, int CH, int NT>
 static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
 {
@@ -1918,6 +1932,14 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
     if (items > 0x7fffffff)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: %lld work items in one launch", (long long)items);
     const int64_t grid = items < (int64_t)sms * bps ? items : (int64_t)sms * bps;
+    /* one tile: the kernel with the last items by chunks where a block may take some (the item
+     * count is known here for direct dispatch; grouped dispatch counts its groups on the device) */
+    bool tail = false;
+    if (NT == 1) {
+        const int64_t n = a.c.perm ? items : (a.c.nslots + a.c.pack - 1) / a.c.pack * tbx;
+        tail = n > items || td_dec_tail_possible((int)n, !a.c.perm, a.geo.NC, DW, (int)grid); /* n <= items */
+    }
+    void (*const kern)(mm_args, int) = tail ? dec_kernel<WK, ACT, CH, NT, true>() : dec_kernel<WK, ACT, CH, NT, false>();
     /* A grid that needs fewer blocks per SM than fit: the block scheduler may still stack two
      * or three of its blocks on one SM while other SMs idle (measured in the block's graph,
      * the shared expert running beside: W13's 100 blocks at M = 1 on 91 SMs, 9 of them with
@@ -1931,12 +1953,12 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
         cudaFuncAttributes fa;
         TD_CU_TRY(err, cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
         TD_CU_TRY(err, cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
-        TD_CU_TRY(err, cudaFuncGetAttributes(&fa, k_dec<WK, ACT, CH, NT>));
+        TD_CU_TRY(err, cudaFuncGetAttributes(&fa, kern));
         /* the least dynamic size at which need + 1 blocks exceed the SM's shared memory */
         const size_t fixed = fa.sharedSizeBytes + (size_t)reserved, cap = (size_t)per_sm / (size_t)(need + 1) + 1;
         if (cap > fixed && cap - fixed > smem && cap - fixed <= (size_t)DEC_SMEM_MAX) launch_smem = cap - fixed;
     }
-    TD_CU_TRY(err, cu_launch(k_dec<WK, ACT, CH, NT>, dim3((unsigned)grid), dim3(DW * 32), launch_smem, s,
+    TD_CU_TRY(err, cu_launch(kern, dim3((unsigned)grid), dim3(DW * 32), launch_smem, s,
                              a.c.pdl != 0, a, (int)tbx));
     TD_CU_LAUNCHED(err, "k_dec");
     return TD_OK;

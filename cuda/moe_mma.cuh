@@ -77,7 +77,9 @@
  * row tile per warp) items; with one tile, where the items leave a remainder over the blocks
  * that one round of the grid can take by chunks, every block takes the same number of whole
  * items and the remaining items' row tiles are cut by chunks over the blocks' warps, one warp
- * per tile adding their partial sums in chunk order (the same sums in the same order). With `pdl` a launch may start while the previous kernel runs (W2
+ * per tile adding their partial sums in chunk order (the same sums in the same order); a launch
+ * in which no block can take such a tail runs an instantiation without its code (cuda/dec_split.h,
+ * td_dec_tail_possible). With `pdl` a launch may start while the previous kernel runs (W2
  * loads its weights while W13 computes). Prefill-sized calls of BF16 matrices with range
  * groups (the router and the shared expert) run on k_wgp when the call has a split_ws (sm_90a's
  * warpgroup MMA, 64 or 128 rows by 64 tokens per block: a launch before it lays the inputs out

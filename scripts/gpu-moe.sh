@@ -76,6 +76,11 @@ sanitize)
   t racecheck compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,300 --iters 2 --sets 1 --act fp16 --dispatch grouped
   # the same with BF16 inputs
   t racecheck_bf16 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,300 --iters 2 --sets 1 --act bf16 --dispatch grouped
+  # the decode kernel's last items by chunks: 128 experts, top-8, hidden 640 / inter 320 (W13
+  # with two chunks per row tile): direct dispatch at M = 10 and 17 (400 and 680 W13 items on a
+  # 132-SM GPU's 396 blocks) with FP16 inputs, grouped at M = 20 (about 90 groups) with BF16
+  t racecheck_tail compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --topk 8 --hidden 640 --inter 320 --shared 160 --M 10,17 --iters 2 --sets 1 --act fp16
+  t racecheck_tail_grouped compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --topk 8 --hidden 640 --inter 320 --shared 160 --M 20 --iters 2 --sets 1 --act bf16 --dispatch grouped
   # 300 tokens, hidden 512, shared expert 2048: router, shared W13 and W2 run on k_wgp (wgmma;
   # issuer and consumer warps on mbarriers, the ring wrapping several times; the shared W13's
   # 160 blocks of 128 rows with two consumer warpgroups, the router and W2 with one; the input

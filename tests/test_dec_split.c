@@ -137,12 +137,50 @@ static void split_production_cases(void **state)
     assert_int_equal(check_split(100, 8, 396), 0);
 }
 
+/* The host's choice of the kernel without the tail's code is safe: whenever some block of a
+ * launch takes tail tiles, td_dec_tail_possible says so, for the exact count and for every count
+ * up to a bound; with the exact count it is also never true without a tail. */
+static void tail_possible_covers_every_tail(void **state)
+{
+    (void)state;
+    static const int Bs[] = {1, 2, 3, 7, 8, 31, 132, 396};
+    long exact_true = 0, bound_false = 0;
+    for (size_t bi = 0; bi < sizeof Bs / sizeof Bs[0]; bi++)
+        for (int NC = 1; NC <= 8; NC *= 2) {
+            const int B = Bs[bi];
+            int any = 0; /* some count up to n has a tail */
+            for (int n = 0; n <= 3 * B + 20; n++) {
+                int has = 0;
+                for (int b = 0; b < B && !has; b++) {
+                    td_dec_split s;
+                    td_dec_split_of(n, NC, DW, B, b, &s);
+                    has = s.tail_n > 0;
+                }
+                any |= has;
+                assert_int_equal(td_dec_tail_possible(n, 1, NC, DW, B), has);
+                if (any) assert_true(td_dec_tail_possible(n, 0, NC, DW, B));
+                exact_true += has;
+                bound_false += !td_dec_tail_possible(n, 0, NC, DW, B);
+            }
+        }
+    /* both answers occur (the kernel without the tail is taken somewhere, and the tail too) */
+    assert_true(exact_true > 0 && bound_false > 0);
+    /* the production shape: M = 1 (100 W13 items, 200 W2 on 396 blocks) takes no tail; grouped
+     * M = 4 with up to 46 groups (460 W13 items) may */
+    assert_false(td_dec_tail_possible(100, 1, 8, DW, 396));
+    assert_false(td_dec_tail_possible(200, 1, 2, DW, 396));
+    assert_false(td_dec_tail_possible(120, 0, 8, DW, 396));
+    assert_true(td_dec_tail_possible(400, 1, 8, DW, 396));
+    assert_true(td_dec_tail_possible(460, 0, 8, DW, 396));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(split_covers_every_item_once),
         cmocka_unit_test(split_shortens_the_busiest_block),
         cmocka_unit_test(split_production_cases),
+        cmocka_unit_test(tail_possible_covers_every_tail),
     };
     return cmocka_run_group_tests_name("dec_split", tests, NULL, NULL);
 }

@@ -50,6 +50,7 @@
 #include "engine_test.h"
 #include "moe_fixture.h"
 #include "cuda/nvfp4_layout.h"
+#include "cuda/dec_split.h"
 #include "engine.h"
 #include "audit/engines.h"
 #include "formats.h"
@@ -561,6 +562,59 @@ static void cuda_decode_kernel(void **state)
     mf_free(&m);
 }
 
+/* The decode kernel's last items by chunks with grouped dispatch, where the host cannot know
+ * whether a launch takes them (the groups are counted on the device: cuda/dec_split.h,
+ * td_dec_tail_possible) and launches the kernel with the tail's code whenever it may. 128
+ * experts, top-8, hidden 640 (W13: 2 chunks, 5 items per group), inter 320, random routes
+ * (pattern 5, distinct per token): at 12 to 31 tokens the groups (an expert's slots in packs of
+ * 8) vary from about 70 to 110, so on a 132-SM GPU (grid 396)
+ * some calls have fewer items than blocks, some a remainder by chunks and some one too large
+ * for one round; the test counts them and needs each kind at least twice. Direct dispatch
+ * takes the tail from M = 10 on (80 slots, 400 items). Every call bit for bit against
+ * kernels=generic. */
+static void cuda_decode_grouped_tail(void **state)
+{
+    (void)state;
+    mf_opts o;
+    shape(&o, 28, 640, 128, 8, 320, 160);
+    mf_model m;
+    const char *dir = fixture_or_skip("gpu_dec_wide", &o, &m);
+    exact_call seq[24];
+    size_t n = 0;
+    int kinds[3] = {0, 0, 0}; /* fewer items than blocks, a tail, a remainder beyond one round */
+    for (int64_t M = 12; M <= 31; M++) {
+        enum { K = 8, E = 128, B = 132 * 3 };
+        int32_t ids[31 * K];
+        float w[31 * K];
+        int count[E] = {0};
+        routes(5, M, K, E, ids, w);
+        for (int64_t i = 0; i < M * K; i++) count[ids[i]]++;
+        int groups = 0;
+        for (int e = 0; e < E; e++) groups += (count[e] + 7) / 8;
+        td_dec_split sp;
+        td_dec_split_of(groups * 5, 2, 8, B, 0, &sp);
+        kinds[groups * 5 <= B ? 0 : sp.tail_n > 0 ? 1 : 2]++;
+        seq[n++] = (exact_call){M, 5, (uint64_t)(700 + M), 0};
+    }
+    print_message("  grouped W13 calls on a 132-SM GPU: %d with fewer items than blocks, %d with a tail by "
+                  "chunks, %d with a remainder beyond one round\n", kinds[0], kinds[1], kinds[2]);
+    assert_true(kinds[0] >= 2 && kinds[1] >= 2 && kinds[2] >= 2);
+    seq[n++] = (exact_call){17, -1, 731, 0};
+    seq[n++] = (exact_call){4, -1, 732, 0};
+    static const char *const vs[] = {
+        "cuda:act_dtype=fp16,moe_dispatch=grouped",
+        "cuda:act_dtype=bf16,storage=raw,moe_dispatch=grouped",
+        "cuda:act_dtype=fp16",
+    };
+    for (size_t i = 0; i < TD_ARRAY_LEN(vs); i++) {
+        char generic[128];
+        snprintf(generic, sizeof generic, "%s,kernels=generic", vs[i]);
+        exact_seq(dir, vs[i], generic, 0, seq, n, "dectail");
+    }
+    compare(dir, "ref:scale=fp16,act_dtype=fp16", "cuda:act_dtype=fp16,moe_dispatch=grouped", 4e-3, 0, 20, 5, "dectail");
+    mf_free(&m);
+}
+
 /* Prefill-sized calls take other paths than decode-sized ones (the BF16 router and shared
  * expert on k_wgp, wgmma over 64 or 128 rows by 64 tokens per block, the inputs laid out by
  * the round (router, shared W13) or by k_wsplit (shared W2), FP16 inputs split into hi and
@@ -943,6 +997,7 @@ int main(void)
         cmocka_unit_test(cuda_raw_admission),
         cmocka_unit_test(cuda_sweep),
         cmocka_unit_test(cuda_decode_kernel),
+        cmocka_unit_test(cuda_decode_grouped_tail),
         cmocka_unit_test(cuda_prefill_parts),
         cmocka_unit_test(cuda_routing),
         cmocka_unit_test(cuda_combine_taps),
