@@ -304,6 +304,17 @@ static void exact_seq(const char *dir, const char *va, const char *vb, int64_t L
     td_engine_free(eb);
 }
 
+/* exact_seq of each variant against the same variant with kernels=generic (layer 0). */
+static void exact_vs_generic(const char *dir, const char *const *vs, size_t nv, const exact_call *seq, size_t n_seq,
+                             const char *tag)
+{
+    for (size_t i = 0; i < nv; i++) {
+        char generic[128];
+        snprintf(generic, sizeof generic, "%s,kernels=generic", vs[i]);
+        exact_seq(dir, vs[i], generic, 0, seq, n_seq, tag);
+    }
+}
+
 static const pair_case pairs[] = {
     {"ref:scale=fp16", "cuda:act_dtype=fp32", 1e-5},
     {"ref:scale=fp16,act_dtype=fp16", "cuda:act_dtype=fp16", 4e-3},
@@ -542,11 +553,7 @@ static void cuda_decode_kernel(void **state)
         "cuda:act_dtype=fp16,tp_size=2,tp_rank=all",
         "cuda:act_dtype=bf16,storage=raw,tp_size=2,tp_rank=1",
     };
-    for (size_t i = 0; i < TD_ARRAY_LEN(vs); i++) {
-        char generic[128];
-        snprintf(generic, sizeof generic, "%s,kernels=generic", vs[i]);
-        exact_seq(dir, vs[i], generic, 0, seq, n, "dec");
-    }
+    exact_vs_generic(dir, vs, TD_ARRAY_LEN(vs), seq, n, "dec");
     /* BF16 inputs of 7e4 to 3e5 (outlier channels; more than 2^16, so that an input scaled by
      * 2^112 would overflow: the kernels stage inputs as they are): big tokens in some groups and
      * not in others, in W13's input and (through the SwiGLU) in W2's. */
@@ -554,11 +561,7 @@ static void cuda_decode_kernel(void **state)
         {17, -1, 600, 3e5f}, {8, 5, 601, 7e4f}, {300, -1, 602, 3e5f}, {784, 5, 603, 1e5f}, {5, -1, 604, 0}};
     static const char *const vb[] = {"cuda:act_dtype=bf16", "cuda:act_dtype=bf16,moe_dispatch=grouped",
                                      "cuda:act_dtype=bf16,storage=raw,moe_dispatch=grouped"};
-    for (size_t i = 0; i < TD_ARRAY_LEN(vb); i++) {
-        char generic[128];
-        snprintf(generic, sizeof generic, "%s,kernels=generic", vb[i]);
-        exact_seq(dir, vb[i], generic, 0, big, TD_ARRAY_LEN(big), "big");
-    }
+    exact_vs_generic(dir, vb, TD_ARRAY_LEN(vb), big, TD_ARRAY_LEN(big), "big");
     mf_free(&m);
 }
 
@@ -606,11 +609,7 @@ static void cuda_decode_grouped_tail(void **state)
         "cuda:act_dtype=bf16,storage=raw,moe_dispatch=grouped",
         "cuda:act_dtype=fp16",
     };
-    for (size_t i = 0; i < TD_ARRAY_LEN(vs); i++) {
-        char generic[128];
-        snprintf(generic, sizeof generic, "%s,kernels=generic", vs[i]);
-        exact_seq(dir, vs[i], generic, 0, seq, n, "dectail");
-    }
+    exact_vs_generic(dir, vs, TD_ARRAY_LEN(vs), seq, n, "dectail");
     compare(dir, "ref:scale=fp16,act_dtype=fp16", "cuda:act_dtype=fp16,moe_dispatch=grouped", 4e-3, 0, 20, 5, "dectail");
     mf_free(&m);
 }
