@@ -1937,7 +1937,9 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
     bool tail = false;
     if (NT == 1) {
         const int64_t n = a.c.perm ? items : (a.c.nslots + a.c.pack - 1) / a.c.pack * tbx;
-        tail = n > items || td_dec_tail_possible((int)n, !a.c.perm, a.geo.NC, DW, (int)grid); /* n <= items */
+        /* n <= items, as max_groups bounds the groups; were it not, the kernel with the tail is
+         * the safe choice (and n need not fit an int) */
+        tail = n > items || td_dec_tail_possible((int)n, !a.c.perm, a.geo.NC, DW, (int)grid);
     }
     void (*const kern)(mm_args, int) = tail ? dec_kernel<WK, ACT, CH, NT, true>() : dec_kernel<WK, ACT, CH, NT, false>();
     /* A grid that needs fewer blocks per SM than fit: the block scheduler may still stack two

@@ -37,12 +37,10 @@
  * Numerics (every bit fixed by the inputs; no atomics)
  * - E2M1 codes become FP16 `e2m1 x 2^-14` by bit placement (exact, the 0.5 code is an FP16
  *   subnormal); with BF16 activations BF16 `e2m1 x 2^-14`, the same values, by the BF16
- *   placement and one exact multiplication by 2^112. The decode kernel instead stages a
- *   group's BF16 inputs times 2^112 (exact) and leaves the weights at `e2m1 x 2^-126` (the 0.5
- *   code a BF16 subnormal, which the tensor cores take exactly): every product is the same
- *   value, so every sum is the same; a group with a finite input of magnitude 2^16 or more
- *   (which times 2^112 would overflow) is staged as it is and takes the multiplication.
- *   `kernels=generic` (k_mm, always the multiplication) is the exact pair that checks it.
+ *   placement and one exact multiplication by 2^112, in every kernel; the inputs are taken
+ *   as they are. (Staging the inputs times 2^112 and leaving the weights at `e2m1 x 2^-126`
+ *   gives the same products but not always the same tensor-core sums, so it is not done:
+ *   docs/cuda.md, Numerics.) `kernels=generic` (k_mm) is the exact pair that checks it.
  * - Per 16-column block b of row r and token t: D = tensor-core dot of the 16 products (FP32
  *   accumulation, the hardware's order), then acc = fma(eff(r,b), D, acc) in FP32, blocks
  *   ascending; D and acc carry the codes' 2^-14, which the epilogue removes with one exact
