@@ -555,7 +555,7 @@ static td_status alloc_ws(cu_engine *c, td_err *err)
     const size_t il = (size_t)cf->moe_intermediate_size / T;
     const size_t isl = (size_t)cf->shared_expert_intermediate_size / T;
     const size_t f = sizeof(float), i4 = sizeof(int32_t);
-    const size_t G = (size_t)cu_mm_group_bound((int64_t)(C * k), (int64_t)E);
+    const size_t G = (size_t)cu_mm_group_ws((int64_t)C, (int64_t)k, (int64_t)E);
     w->lg_ld = (int64_t)E + 1;
     struct {
         void **p;

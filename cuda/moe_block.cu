@@ -4,18 +4,18 @@
 #include <string.h>
 
 static void mm_groups(const cu_block_shape *sh, const cu_qmat *w13, const cu_qmat *w2, const cu_block_ws *ws,
-                      cu_mm_call *m, bool grouped, int64_t nslots)
+                      cu_mm_call *m, bool grouped, int64_t tokens)
 {
-    const int64_t E = sh->E;
+    const int64_t E = sh->E, nslots = tokens * sh->k;
     m->nslots = nslots;
     if (grouped) {
-        m->pack = cu_mm_group_pack(nslots, w13, w2, sh->generic); /* as cut by cu_mm_group */
+        m->pack = cu_mm_group_pack(nslots, tokens, w13, w2, sh->generic); /* as cut by cu_mm_group */
         m->n_groups = ws->n_groups;
         m->g_mat = ws->g_mat;
         m->g_start = ws->g_start;
         m->g_count = ws->g_count;
         m->perm = ws->perm;
-        m->max_groups = cu_mm_group_bound(nslots, E);
+        m->max_groups = cu_mm_group_grid(nslots, E, m->pack);
     } else {
         m->ids = ws->ids;
         m->pack = 1;
@@ -47,7 +47,7 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
     m.mats_per_expert = mats;
     m.mat_off = ri;
     if (routed_slots) {
-        mm_groups(sh, w13, w2, ws, &m, grouped, Mc * k);
+        mm_groups(sh, w13, w2, ws, &m, grouped, Mc);
         m.in_div = k;
     } else {
         mm_range_groups(&m, Mc);
@@ -97,7 +97,7 @@ static td_status group_slots(const cu_block_shape *sh, const cu_block_w *ly, con
                              td_err *err)
 {
     const int64_t n = Mc * sh->k;
-    return cu_mm_group(c->ids, n, sh->E, cu_mm_group_pack(n, &ly->w13, &ly->w2, sh->generic), c->n_groups, c->g_mat,
+    return cu_mm_group(c->ids, n, sh->E, cu_mm_group_pack(n, Mc, &ly->w13, &ly->w2, sh->generic), c->n_groups, c->g_mat,
                        c->g_start, c->g_count, c->perm, pdl, c->s, err);
 }
 

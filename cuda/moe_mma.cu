@@ -5,6 +5,7 @@
  */
 #include "moe_mma.cuh"
 #include "dec_split.h"
+#include "group_pack.h"
 #include "nvfp4_layout.h"
 #include "wgmma.cuh"
 
@@ -1854,24 +1855,25 @@ td_status cu_mm_init(td_err *err)
     return TD_OK;
 }
 
-int64_t cu_mm_pack(int64_t nslots) { return nslots < 256 ? CU_MM_PACK / 2 : CU_MM_PACK; }
+int64_t cu_mm_pack(int64_t nslots) { return td_pack_of(nslots); }
 
-int64_t cu_mm_group_pack(int64_t nslots, const cu_qmat *w13, const cu_qmat *w2, int generic)
+int64_t cu_mm_group_pack(int64_t nslots, int64_t tokens, const cu_qmat *w13, const cu_qmat *w2, int generic)
 {
-    if (nslots >= 256 && dec_fits(w13, generic, CU_MM_PACK_DEC) && dec_fits(w2, generic, CU_MM_PACK_DEC))
-        return CU_MM_PACK_DEC;
-    return cu_mm_pack(nslots);
+    const int dec24 = nslots >= TD_GROUP_PREFILL_SLOTS && dec_fits(w13, generic, CU_MM_PACK_DEC) &&
+                      dec_fits(w2, generic, CU_MM_PACK_DEC);
+    return td_group_pack(nslots, tokens, dec24);
 }
 
-int64_t cu_mm_group_bound(int64_t nslots, int64_t E)
-{
-    return (nslots < E ? nslots : E) + nslots / cu_mm_pack(nslots) + 1;
-}
+int64_t cu_mm_group_bound(int64_t nslots, int64_t E, int64_t pack) { return td_group_bound(nslots, E, pack); }
+
+int64_t cu_mm_group_grid(int64_t nslots, int64_t E, int64_t pack) { return td_group_grid(nslots, E, pack); }
+
+int64_t cu_mm_group_ws(int64_t tokens_max, int64_t k, int64_t E) { return td_group_ws(tokens_max, k, E); }
 
 td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int64_t pack, int32_t *n_groups, int32_t *g_mat,
                       int32_t *g_start, int32_t *g_count, int32_t *perm, bool pdl, cudaStream_t s, td_err *err)
 {
-    if (pack < cu_mm_pack(nslots) || pack > CU_MM_PACK_DEC)
+    if (pack < 1 || pack > CU_MM_PACK_DEC)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: grouping %lld slots in packs of %lld", (long long)nslots,
                           (long long)pack);
     /* segments: one per 32 slots, at most one per warp, and as many as shared memory allows

@@ -92,7 +92,7 @@
  * ascending slot inside an expert) and cuts each expert's list into packs of `pack` slots:
  * cu_mm_group_pack() (CU_MM_PACK_DEC = 24 for prefill-sized calls whose W13 and W2 both run on
  * k_dec, three 8-token tiles per warp, so that an expert's tokens are read once; else
- * cu_mm_pack()).
+ * cu_mm_pack(), 4 for calls of 3 or 4 tokens: cuda/group_pack.h).
  * Range groups (shared expert, router): group g = slots g*P .. g*P+P-1 on matrix 0, P =
  * cu_mm_pack(tokens) (8 for decode-sized calls, so that each group is one 8-token tile).
  *
@@ -105,13 +105,15 @@
 #define TD_CUDA_MOE_MMA_CUH
 
 #include "common.cuh"
+#include "group_pack.h"
 
 /* Most slots per group (tokens sharing one read of an expert's weights): prefill-sized calls
  * (256 slots or more) pack up to CU_MM_PACK, decode-sized calls up to CU_MM_PACK / 2 (one
- * 8-token tensor-core tile: fewer registers, more blocks per SM). cu_mm_pack() says which. */
-#define CU_MM_PACK 16
+ * 8-token tensor-core tile: fewer registers, more blocks per SM). cu_mm_pack() says which;
+ * cuda/group_pack.h holds the arithmetic. */
+#define CU_MM_PACK TD_GROUP_PACK
 /* Most slots per group on the decode kernel (prefill-sized grouped calls, cu_mm_group_pack). */
-#define CU_MM_PACK_DEC 24
+#define CU_MM_PACK_DEC TD_GROUP_PACK_DEC
 
 typedef struct cu_qmat {
     int kind;              /* CU_W_NVFP4 or CU_W_BF16 */
@@ -147,11 +149,16 @@ td_status cu_mm_init(td_err *err);
 
 /* Grouped dispatch: ids [nslots] (expert of each slot; ids outside [0, E) join no group) ->
  * n_groups [1], g_mat [G], g_start [G], g_count [G], perm [nslots] in packs of `pack` slots
- * (cu_mm_pack(nslots) <= pack <= CU_MM_PACK_DEC), with G = cu_mm_group_bound(nslots, E) (a
- * bound for every such pack). cu_mm_group_pack: the pack for the routed experts W13 / W2. */
+ * (1 <= pack <= CU_MM_PACK_DEC), with G >= cu_mm_group_bound(nslots, E, pack).
+ * cu_mm_group_pack: the pack for the routed experts' W13 / W2 of a call of `tokens` tokens
+ * (td_group_pack);
+ * cu_mm_group_grid: the groups a call's launches size their grids for (max_groups, at least the
+ * bound); cu_mm_group_ws: G for every call of up to tokens_max tokens of k slots. */
 int64_t cu_mm_pack(int64_t nslots);
-int64_t cu_mm_group_pack(int64_t nslots, const cu_qmat *w13, const cu_qmat *w2, int generic);
-int64_t cu_mm_group_bound(int64_t nslots, int64_t E);
+int64_t cu_mm_group_pack(int64_t nslots, int64_t tokens, const cu_qmat *w13, const cu_qmat *w2, int generic);
+int64_t cu_mm_group_bound(int64_t nslots, int64_t E, int64_t pack);
+int64_t cu_mm_group_grid(int64_t nslots, int64_t E, int64_t pack);
+int64_t cu_mm_group_ws(int64_t tokens_max, int64_t k, int64_t E);
 td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int64_t pack, int32_t *n_groups, int32_t *g_mat,
                       int32_t *g_start, int32_t *g_count, int32_t *perm, bool pdl, cudaStream_t s, td_err *err);
 

@@ -443,7 +443,7 @@ int main(int argc, char **argv)
 
     /* ---- workspace ---- */
     const int64_t C = Mmax, S = C * k;
-    const int64_t G = cu_mm_group_bound(S, E);
+    const int64_t G = cu_mm_group_ws(C, k, E);
     cu_block_ws ws;
     memset(&ws, 0, sizeof ws);
     ws.lg_ld = E + 1;

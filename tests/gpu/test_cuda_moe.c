@@ -390,12 +390,14 @@ static void cuda_sweep(void **state)
     seq[n++] = (exact_call){32, 5, 132, 0};
     seq[n++] = (exact_call){784, -1, 784, 0};
     seq[n++] = (exact_call){784, 5, 785, 0};
-    for (int p = 0; p < 6; p++) {
-        compare(dir, rv, cv, 4e-3, 0, 5, p, "pattern");
-        compare(dir, rv, cv, 4e-3, 0, 16, p, "pattern");
-        seq[n++] = (exact_call){5, p, (uint64_t)(200 + p), 0};
-        seq[n++] = (exact_call){16, p, (uint64_t)(300 + p), 0};
-    }
+    /* every pattern at 2 and 3 tokens (packs of 2 and 3: an expert repeated within a token,
+     * as in the all-one-expert pattern, is cut into several packs), 5 and 16 */
+    static const int64_t pM[] = {2, 3, 5, 16};
+    for (int p = 0; p < 6; p++)
+        for (size_t i = 0; i < TD_ARRAY_LEN(pM); i++) {
+            compare(dir, rv, cv, 4e-3, 0, pM[i], p, "pattern");
+            seq[n++] = (exact_call){pM[i], p, (uint64_t)(200 + 100 * i + (size_t)p), 0};
+        }
     /* At x ~ 0.001 most FP16 intermediates (SwiGLU products ~1e-6) are FP16 subnormals, whose
      * spacing 2^-24 is a large fraction of their value: one accumulation-order step moves them
      * by a relative 1e-2 or more, so the bound there is wider. */
