@@ -98,7 +98,7 @@ static td_status group_slots(const cu_block_shape *sh, const cu_block_w *ly, con
 {
     const int64_t n = Mc * sh->k;
     return cu_mm_group(c->ids, n, sh->E, cu_mm_group_pack(n, Mc, &ly->w13, &ly->w2, sh->generic), c->n_groups, c->g_mat,
-                       c->g_start, c->g_count, c->perm, pdl, c->s, err);
+                       c->g_start, c->g_count, c->perm, sh->generic, pdl, c->s, err);
 }
 
 /* Fork the shared expert of rank r onto s2 (after everything enqueued on s so far) and record

@@ -22,6 +22,8 @@ extern "C" {
 /* Most warps one block splits K over. */
 #define MM_MAX_WARPS 8
 #define GROUP_THREADS 1024
+/* Most slots of a call grouped by k_group_small (one thread per slot). */
+#define GROUP_SMALL 256
 
 static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
@@ -1681,6 +1683,60 @@ __host__ __device__ static inline int64_t group_off(int64_t nslots, int64_t E, i
     return (group_sid_words(nslots) + (int64_t)seg * E + 1) / 2 * 2;
 }
 
+/* Grouped dispatch of a decode-sized call (nslots <= GROUP_SMALL) on one block, thread s
+ * holding slot s: k_group's groups, perm and count with no per-expert arrays (k_group clears,
+ * counts and scans one count per expert and segment: 512 experts for a handful of slots).
+ * Every thread walks the slots' experts in shared memory twice: first its slot's rank among
+ * the earlier slots of its expert, the expert's count and the valid slots of lower experts
+ * (its position in perm); then, over the first slot of each expert, the packs of lower
+ * experts (its expert's first group) and the total. O(slots^2) steps of one shared-memory
+ * broadcast each. The same arrays as k_group, written by other threads: perm lists each
+ * expert's slots in ascending slot order, groups in ascending expert order, each expert's
+ * slots cut into packs of P in that order. */
+__global__ void __launch_bounds__(GROUP_SMALL) k_group_small(const int32_t *ids, int ns, int ne, int P,
+                                                             int32_t *n_groups, int32_t *g_mat, int32_t *g_start,
+                                                             int32_t *g_count, int32_t *perm)
+{
+    __shared__ int32_t sid[GROUP_SMALL]; /* expert of each slot, -1 outside [0, E) or past ns */
+    __shared__ int32_t npk[GROUP_SMALL]; /* packs of the slot's expert at its first slot, else 0 */
+    const int s = threadIdx.x;
+    cu_pdl_wait();
+    cu_pdl_release();
+    int e = -1;
+    if (s < ns) {
+        const int32_t id = ids[s];
+        e = id >= 0 && id < ne ? id : -1;
+    }
+    sid[s] = e;
+    __syncthreads();
+    int rank = 0, cnt = 0, before = 0;
+#pragma unroll 4
+    for (int j = 0; j < ns; j++) {
+        const int o = sid[j];
+        rank += o == e && j < s;
+        cnt += o == e;
+        before += o >= 0 && o < e;
+    }
+    const bool lead = e >= 0 && rank == 0;
+    const int mine = lead ? (cnt + P - 1) / P : 0;
+    npk[s] = mine;
+    __syncthreads();
+    if (e >= 0) perm[before + rank] = s;
+    int first = 0, total = 0;
+#pragma unroll 4
+    for (int j = 0; j < ns; j++) {
+        const int c = npk[j];
+        total += c;
+        first += sid[j] < e ? c : 0;
+    }
+    for (int q = 0; q < mine; q++) {
+        g_mat[first + q] = e;
+        g_start[first + q] = before + q * P;
+        g_count[first + q] = cnt - q * P < P ? cnt - q * P : P;
+    }
+    if (s == 0) *n_groups = total;
+}
+
 /* Grouped dispatch on one block, O(slots + segments x experts):
  * 1. the slots are cut into `seg` contiguous segments (seg <= the block's warps); warp w walks
  *    segment w 32 slots at a time and counts each expert's slots in it (integer shared-memory
@@ -1871,7 +1927,8 @@ int64_t cu_mm_group_grid(int64_t nslots, int64_t E, int64_t pack) { return td_gr
 int64_t cu_mm_group_ws(int64_t tokens_max, int64_t k, int64_t E) { return td_group_ws(tokens_max, k, E); }
 
 td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int64_t pack, int32_t *n_groups, int32_t *g_mat,
-                      int32_t *g_start, int32_t *g_count, int32_t *perm, bool pdl, cudaStream_t s, td_err *err)
+                      int32_t *g_start, int32_t *g_count, int32_t *perm, bool generic, bool pdl, cudaStream_t s,
+                      td_err *err)
 {
     if (pack < 1 || pack > CU_MM_PACK_DEC)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: grouping %lld slots in packs of %lld", (long long)nslots,
@@ -1881,6 +1938,12 @@ td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int64_t pac
      * count per expert). Every thread walks the segments' counts of its experts twice, so a
      * decode-sized call takes few segments. The segments change no result: perm lists each
      * expert's slots in ascending slot order whatever the cut. */
+    if (!generic && nslots >= 1 && nslots <= GROUP_SMALL && E >= 1 && E < (1ll << 31)) {
+        TD_CU_TRY(err, cu_launch(k_group_small, dim3(1), dim3(GROUP_SMALL), 0, s, pdl, ids, (int)nslots, (int)E,
+                                 (int)pack, n_groups, g_mat, g_start, g_count, perm));
+        TD_CU_LAUNCHED(err, "k_group_small");
+        return TD_OK;
+    }
     int seg = (int)((nslots + 31) / 32);
     if (seg > GROUP_THREADS / 32) seg = GROUP_THREADS / 32;
     if (seg < 1) seg = 1;

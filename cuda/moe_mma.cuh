@@ -152,6 +152,8 @@ td_status cu_mm_init(td_err *err);
  * (1 <= pack <= CU_MM_PACK_DEC), with G >= cu_mm_group_bound(nslots, E, pack).
  * cu_mm_group_pack: the pack for the routed experts' W13 / W2 of a call of `tokens` tokens
  * (td_group_pack);
+ * Calls of at most 256 slots are grouped by a kernel of one thread per slot unless `generic`
+ * (the general kernel for every call, so the two can be compared: the same arrays).
  * cu_mm_group_grid: the groups a call's launches size their grids for (max_groups, at least the
  * bound); cu_mm_group_ws: G for every call of up to tokens_max tokens of k slots. */
 int64_t cu_mm_pack(int64_t nslots);
@@ -160,7 +162,8 @@ int64_t cu_mm_group_bound(int64_t nslots, int64_t E, int64_t pack);
 int64_t cu_mm_group_grid(int64_t nslots, int64_t E, int64_t pack);
 int64_t cu_mm_group_ws(int64_t tokens_max, int64_t k, int64_t E);
 td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int64_t pack, int32_t *n_groups, int32_t *g_mat,
-                      int32_t *g_start, int32_t *g_count, int32_t *perm, bool pdl, cudaStream_t s, td_err *err);
+                      int32_t *g_start, int32_t *g_count, int32_t *perm, bool generic, bool pdl, cudaStream_t s,
+                      td_err *err);
 
 typedef enum cu_mm_epi { CU_MM_SWIGLU = 0, CU_MM_STORE, CU_MM_F32 } cu_mm_epi;
 
