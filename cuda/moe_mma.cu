@@ -22,8 +22,9 @@ extern "C" {
 /* Most warps one block splits K over. */
 #define MM_MAX_WARPS 8
 #define GROUP_THREADS 1024
-/* Most slots of a call grouped by k_group_small (one thread per slot). */
-#define GROUP_SMALL 256
+/* Most slots of a call grouped by k_group_small (one thread per slot; its O(slots^2) walks
+ * were measured faster than k_group at 80 slots and slower at 160: docs/perf.md). */
+#define GROUP_SMALL 128
 
 static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
@@ -1683,7 +1684,7 @@ __host__ __device__ static inline int64_t group_off(int64_t nslots, int64_t E, i
     return (group_sid_words(nslots) + (int64_t)seg * E + 1) / 2 * 2;
 }
 
-/* Grouped dispatch of a decode-sized call (nslots <= GROUP_SMALL) on one block, thread s
+/* Grouped dispatch of a small call (nslots <= GROUP_SMALL) on one block, thread s
  * holding slot s: k_group's groups, perm and count with no per-expert arrays (k_group clears,
  * counts and scans one count per expert and segment: 512 experts for a handful of slots).
  * Every thread walks the slots' experts in shared memory twice: first its slot's rank among
