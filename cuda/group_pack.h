@@ -32,8 +32,18 @@
  * - td_group_ws(tokens_max, k, E): the most groups any call of 1..tokens_max tokens of k slots
  *   can give with the pack td_group_pack picks (either dec24): the size of the group arrays.
  *
- * Contract: n, tokens, k, E >= 0; P >= 1; tokens_max * k below 2^62. Pure integer arithmetic,
- * no state.
+ * - td_group_small_walk1 / td_group_small_walk2: the two walks of k_group_small (the grouping
+ *   of calls of at most 128 slots, one thread per slot), for the slot at position s of
+ *   sid[0..ns) whose expert is e (sid[j] = -1 for slots in no group). Walk 1: rank (the slots
+ *   before s of expert e), cnt (the slots of e) and before (the slots of experts below e): the
+ *   slot's place in perm is before + rank, and the expert's first slot (rank 0) holds its
+ *   ceil(cnt / P) packs. Walk 2, with npk[j] the packs slot j holds: first (the packs of
+ *   experts below e: the expert's first group) and total (the group count). perm then lists
+ *   each expert's slots in ascending slot order, groups in ascending expert order, as k_group
+ *   writes them.
+ *
+ * Contract: n, tokens, k, E >= 0; P >= 1; tokens_max * k below 2^62; ns <= 2^16. Pure integer
+ * arithmetic, no state.
  */
 #ifndef TD_CUDA_GROUP_PACK_H
 #define TD_CUDA_GROUP_PACK_H
@@ -81,6 +91,40 @@ TD_GP_FN int64_t td_group_ws(int64_t tokens_max, int64_t k, int64_t E)
         if (b > most) most = b;
     }
     return most;
+}
+
+#if defined(__CUDA_ARCH__)
+#define TD_GP_UNROLL4 _Pragma("unroll 4")
+#else
+#define TD_GP_UNROLL4
+#endif
+
+TD_GP_FN void td_group_small_walk1(const int32_t *sid, int ns, int s, int e, int *rank, int *cnt, int *before)
+{
+    int r = 0, c = 0, b = 0;
+    TD_GP_UNROLL4
+    for (int j = 0; j < ns; j++) {
+        const int o = sid[j];
+        r += o == e && j < s;
+        c += o == e;
+        b += o >= 0 && o < e;
+    }
+    *rank = r;
+    *cnt = c;
+    *before = b;
+}
+
+TD_GP_FN void td_group_small_walk2(const int32_t *sid, const int32_t *npk, int ns, int e, int *first, int *total)
+{
+    int f = 0, t = 0;
+    TD_GP_UNROLL4
+    for (int j = 0; j < ns; j++) {
+        const int c = npk[j];
+        t += c;
+        f += sid[j] < e ? c : 0;
+    }
+    *first = f;
+    *total = t;
 }
 
 #endif /* TD_CUDA_GROUP_PACK_H */

@@ -1687,10 +1687,10 @@ __host__ __device__ static inline int64_t group_off(int64_t nslots, int64_t E, i
 /* Grouped dispatch of a small call (nslots <= GROUP_SMALL) on one block, thread s
  * holding slot s: k_group's groups, perm and count with no per-expert arrays (k_group clears,
  * counts and scans one count per expert and segment: 512 experts for a handful of slots).
- * Every thread walks the slots' experts in shared memory twice: first its slot's rank among
- * the earlier slots of its expert, the expert's count and the valid slots of lower experts
- * (its position in perm); then, over the first slot of each expert, the packs of lower
- * experts (its expert's first group) and the total. O(slots^2) steps of one shared-memory
+ * Every thread walks the slots' experts in shared memory twice (cuda/group_pack.h, tested on
+ * the host): first its slot's rank among the earlier slots of its expert, the expert's count
+ * and the valid slots of lower experts (its position in perm); then, over the first slot of
+ * each expert, the packs of lower experts (its expert's first group) and the total. O(slots^2) steps of one shared-memory
  * broadcast each. The same arrays as k_group, written by other threads: perm lists each
  * expert's slots in ascending slot order, groups in ascending expert order, each expert's
  * slots cut into packs of P in that order. */
@@ -1710,26 +1710,15 @@ __global__ void __launch_bounds__(GROUP_SMALL) k_group_small(const int32_t *ids,
     }
     sid[s] = e;
     __syncthreads();
-    int rank = 0, cnt = 0, before = 0;
-#pragma unroll 4
-    for (int j = 0; j < ns; j++) {
-        const int o = sid[j];
-        rank += o == e && j < s;
-        cnt += o == e;
-        before += o >= 0 && o < e;
-    }
+    int rank, cnt, before;
+    td_group_small_walk1(sid, ns, s, e, &rank, &cnt, &before);
     const bool lead = e >= 0 && rank == 0;
     const int mine = lead ? (cnt + P - 1) / P : 0;
     npk[s] = mine;
     __syncthreads();
     if (e >= 0) perm[before + rank] = s;
-    int first = 0, total = 0;
-#pragma unroll 4
-    for (int j = 0; j < ns; j++) {
-        const int c = npk[j];
-        total += c;
-        first += sid[j] < e ? c : 0;
-    }
+    int first, total;
+    td_group_small_walk2(sid, npk, ns, e, &first, &total);
     for (int q = 0; q < mine; q++) {
         g_mat[first + q] = e;
         g_start[first + q] = before + q * P;

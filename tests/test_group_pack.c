@@ -1,8 +1,8 @@
 /* test_group_pack.c — grouped dispatch's packs and group-count bounds (cuda/group_pack.h):
  * the bound holds for every way of spreading a call's slots over its experts (brute force over
  * small cases, adversarial and seeded random counts over large ones), the workspace bound
- * covers every call size, and packs of at most the call's tokens cut no group of routes that
- * are distinct within each token. */
+ * covers every call size, packs cut no group of routes that are distinct within each token,
+ * and the small grouping kernel's walks give the reference grouping's arrays. */
 #include "test_common.h"
 #include "cuda/group_pack.h"
 #include "rng.h"
@@ -204,6 +204,81 @@ static void workspace_covers_every_call(void **state)
     assert_int_equal(td_group_ws(1024, 10, 512), 512 + 640);
 }
 
+/* k_group_small on the host: every slot's two walks (cuda/group_pack.h), then the writes the
+ * kernel makes, into arrays poisoned beforehand. */
+static void small_groups(const int32_t *ids, int ns, int E, int P, int32_t *ng, int32_t *g_mat, int32_t *g_start,
+                         int32_t *g_count, int32_t *perm)
+{
+    int32_t sid[128], npk[128];
+    int rank[128], cnt[128], before[128];
+    for (int s = 0; s < ns; s++) sid[s] = ids[s] >= 0 && ids[s] < E ? ids[s] : -1;
+    for (int s = 0; s < ns; s++) {
+        td_group_small_walk1(sid, ns, s, sid[s], &rank[s], &cnt[s], &before[s]);
+        npk[s] = sid[s] >= 0 && rank[s] == 0 ? (cnt[s] + P - 1) / P : 0;
+    }
+    for (int s = 0; s < ns; s++) {
+        if (sid[s] >= 0) perm[before[s] + rank[s]] = s;
+        int first, total;
+        td_group_small_walk2(sid, npk, ns, sid[s], &first, &total);
+        for (int q = 0; q < npk[s]; q++) {
+            g_mat[first + q] = sid[s];
+            g_start[first + q] = before[s] + q * P;
+            g_count[first + q] = cnt[s] - q * P < P ? cnt[s] - q * P : P;
+        }
+        if (s == 0) *ng = total;
+    }
+}
+
+/* The grouping's contract written the plain way: experts ascending, each expert's slots in
+ * ascending slot order, cut into packs of P. */
+static void reference_groups(const int32_t *ids, int ns, int E, int P, int32_t *ng, int32_t *g_mat, int32_t *g_start,
+                             int32_t *g_count, int32_t *perm)
+{
+    int at = 0, g = 0;
+    for (int e = 0; e < E; e++) {
+        const int start = at;
+        for (int s = 0; s < ns; s++)
+            if (ids[s] == e) perm[at++] = s;
+        for (int q = start; q < at; q += P, g++) {
+            g_mat[g] = e;
+            g_start[g] = q;
+            g_count[g] = at - q < P ? at - q : P;
+        }
+    }
+    *ng = g;
+}
+
+/* The small grouping kernel's walks give the reference's arrays, element for element, and
+ * write no element past them: random routes with invalid ids and repeated experts, one expert
+ * taking every slot, every slot invalid; up to 128 slots, packs 1..24. */
+static void small_grouping_matches_the_reference(void **state)
+{
+    (void)state;
+    static const int Es[] = {1, 3, 16, 512};
+    td_rng rng;
+    td_rng_seed(&rng, 128);
+    long groups_seen = 0;
+    for (size_t ei = 0; ei < TD_ARRAY_LEN(Es); ei++)
+        for (int ns = 1; ns <= 128; ns += (ns < 24 ? 1 : 13))
+            for (int P = 1; P <= TD_GROUP_PACK_DEC; P += (P < 8 ? 1 : 8))
+                for (int kind = 0; kind < 4; kind++) {
+                    const int E = Es[ei];
+                    int32_t ids[128], a[5][129], b[5][129];
+                    for (int s = 0; s < ns; s++) {
+                        const uint64_t r = td_rng_below(&rng, (uint64_t)E + 2);
+                        ids[s] = kind == 0 ? (int32_t)r - 1 : kind == 1 ? (int32_t)(r % (uint64_t)E)
+                                 : kind == 2 ? 0 : (s % 2 ? -5 : E);
+                    }
+                    memset(a, 0x7f, sizeof a);
+                    memset(b, 0x7f, sizeof b);
+                    small_groups(ids, ns, E, P, &a[0][0], a[1], a[2], a[3], a[4]);
+                    reference_groups(ids, ns, E, P, &b[0][0], b[1], b[2], b[3], b[4]);
+                    assert_memory_equal(a, b, sizeof a);
+                    groups_seen += b[0][0];
+                }
+    assert_true(groups_seen > 10000);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -213,6 +288,7 @@ int main(void)
         cmocka_unit_test(packs_cut_no_distinct_route),
         cmocka_unit_test(grid_covers_the_bound),
         cmocka_unit_test(workspace_covers_every_call),
+        cmocka_unit_test(small_grouping_matches_the_reference),
     };
     return cmocka_run_group_tests_name("group_pack", tests, NULL, NULL);
 }
