@@ -15,9 +15,9 @@
  *   cut none of its groups there, while the staged rows shrink: the decode kernel's W13
  *   blocks take 72 KB instead of 92, three per SM instead of two, and W13's 290 to 400 items
  *   (top-10, 512 x 640) then fit one round of the grid. Measured on the H200 (grouped, fp16,
- *   one graph per call): block 68.5-68.9 -> 63.7 us at 4 tokens, 61.3 -> 59.0-59.4 at 3;
- *   packs of the tokens at 2, 5 and 6 tokens were 0.3-1.5 us slower, packs of 4 at 5 to 16
- *   tokens up to 8 us slower (docs/perf.md). Routes with an expert repeated within a token
+ *   one graph per call, same calls): block 69.1-69.7 -> 64.3-65.0 us at 4 tokens, 62.8-63.1 ->
+ *   59.3-59.6 at 3; packs of the tokens at 2, 5 and 6 tokens were 0.3-1.5 us slower, packs
+ *   of 4 at 5 to 16 tokens up to 8 us slower (docs/perf.md). Routes with an expert repeated within a token
  *   (imposed routes) are still grouped correctly, in more packs. Which slots share a group
  *   changes no bit (each output column of the tensor-core product depends on its own input
  *   column only).

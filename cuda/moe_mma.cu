@@ -1690,10 +1690,10 @@ __host__ __device__ static inline int64_t group_off(int64_t nslots, int64_t E, i
  * Every thread walks the slots' experts in shared memory twice (cuda/group_pack.h, tested on
  * the host): first its slot's rank among the earlier slots of its expert, the expert's count
  * and the valid slots of lower experts (its position in perm); then, over the first slot of
- * each expert, the packs of lower experts (its expert's first group) and the total. O(slots^2) steps of one shared-memory
- * broadcast each. The same arrays as k_group, written by other threads: perm lists each
- * expert's slots in ascending slot order, groups in ascending expert order, each expert's
- * slots cut into packs of P in that order. */
+ * each expert, the packs of lower experts (its expert's first group) and the total.
+ * O(slots^2) steps of one shared-memory broadcast each. The same arrays as k_group, written
+ * by other threads: perm lists each expert's slots in ascending slot order, groups in
+ * ascending expert order, each expert's slots cut into packs of P in that order. */
 __global__ void __launch_bounds__(GROUP_SMALL) k_group_small(const int32_t *ids, int ns, int ne, int P,
                                                              int32_t *n_groups, int32_t *g_mat, int32_t *g_start,
                                                              int32_t *g_count, int32_t *perm)
@@ -1923,17 +1923,17 @@ td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int64_t pac
     if (pack < 1 || pack > CU_MM_PACK_DEC)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: grouping %lld slots in packs of %lld", (long long)nslots,
                           (long long)pack);
-    /* segments: one per 32 slots, at most one per warp, and as many as shared memory allows
-     * (their counts take seg x E words); at least one (then the layout is the slot ids and one
-     * count per expert). Every thread walks the segments' counts of its experts twice, so a
-     * decode-sized call takes few segments. The segments change no result: perm lists each
-     * expert's slots in ascending slot order whatever the cut. */
     if (!generic && nslots >= 1 && nslots <= GROUP_SMALL && E >= 1 && E < (1ll << 31)) {
         TD_CU_TRY(err, cu_launch(k_group_small, dim3(1), dim3(GROUP_SMALL), 0, s, pdl, ids, (int)nslots, (int)E,
                                  (int)pack, n_groups, g_mat, g_start, g_count, perm));
         TD_CU_LAUNCHED(err, "k_group_small");
         return TD_OK;
     }
+    /* segments: one per 32 slots, at most one per warp, and as many as shared memory allows
+     * (their counts take seg x E words); at least one (then the layout is the slot ids and one
+     * count per expert). Every thread walks the segments' counts of its experts twice, so a
+     * decode-sized call takes few segments. The segments change no result: perm lists each
+     * expert's slots in ascending slot order whatever the cut. */
     int seg = (int)((nslots + 31) / 32);
     if (seg > GROUP_THREADS / 32) seg = GROUP_THREADS / 32;
     if (seg < 1) seg = 1;

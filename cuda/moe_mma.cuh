@@ -150,11 +150,10 @@ td_status cu_mm_init(td_err *err);
 /* Grouped dispatch: ids [nslots] (expert of each slot; ids outside [0, E) join no group) ->
  * n_groups [1], g_mat [G], g_start [G], g_count [G], perm [nslots] in packs of `pack` slots
  * (1 <= pack <= CU_MM_PACK_DEC), with G >= cu_mm_group_bound(nslots, E, pack).
- * cu_mm_group_pack: the pack for the routed experts' W13 / W2 of a call of `tokens` tokens
- * (td_group_pack);
  * Calls of at most 128 slots are grouped by a kernel of one thread per slot unless `generic`
  * (the general kernel for every call, so the two can be compared: the same arrays).
- * cu_mm_group_grid: the groups a call's launches size their grids for (max_groups, at least the
+ * cu_mm_group_pack: the pack for the routed experts' W13 / W2 of a call of `tokens` tokens
+ * (td_group_pack); cu_mm_group_grid: the groups a call's launches size their grids for (max_groups, at least the
  * bound); cu_mm_group_ws: G for every call of up to tokens_max tokens of k slots. */
 int64_t cu_mm_pack(int64_t nslots);
 int64_t cu_mm_group_pack(int64_t nslots, int64_t tokens, const cu_qmat *w13, const cu_qmat *w2, int generic);
