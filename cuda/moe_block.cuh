@@ -74,7 +74,7 @@ typedef struct cu_block_ws {
     uint16_t *sh_act16;         /* [C, Is/tp] */
     uint16_t *sh_out16;         /* [C, H] */
     int32_t *n_groups;          /* [1] */
-    int32_t *g_mat, *g_start, *g_count; /* [cu_mm_group_bound(C*k, E)] */
+    int32_t *g_mat, *g_start, *g_count; /* [cu_mm_group_ws(C, k, E)] */
     int32_t *perm;              /* [C*k] */
     uint8_t *sp_x, *sp_sh;      /* optional (NULL: unused): k_wgp's laid-out inputs
                                    (cu_mm_call::split_ws) of the router and the shared W13,
