@@ -1,5 +1,5 @@
 /* group_pack.h — grouped dispatch's pack sizes and group-count bounds (cuda/moe_mma.cu:
- * cu_mm_pack, cu_mm_group_pack, cu_mm_group_bound, cu_mm_group_ws), in plain C so that the
+ * cu_mm_pack, cu_mm_group_pack, cu_mm_group_grid, cu_mm_group_ws, k_group_small), in plain C so that the
  * host tests them (tests/test_group_pack.c) and the engine runs the same code.
  *
  * A call of n slots (tokens x k) sorted by expert is cut into groups: each expert's slots in

@@ -1910,8 +1910,6 @@ int64_t cu_mm_group_pack(int64_t nslots, int64_t tokens, const cu_qmat *w13, con
     return td_group_pack(nslots, tokens, dec24);
 }
 
-int64_t cu_mm_group_bound(int64_t nslots, int64_t E, int64_t pack) { return td_group_bound(nslots, E, pack); }
-
 int64_t cu_mm_group_grid(int64_t nslots, int64_t E, int64_t pack) { return td_group_grid(nslots, E, pack); }
 
 int64_t cu_mm_group_ws(int64_t tokens_max, int64_t k, int64_t E) { return td_group_ws(tokens_max, k, E); }

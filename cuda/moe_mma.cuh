@@ -149,7 +149,7 @@ td_status cu_mm_init(td_err *err);
 
 /* Grouped dispatch: ids [nslots] (expert of each slot; ids outside [0, E) join no group) ->
  * n_groups [1], g_mat [G], g_start [G], g_count [G], perm [nslots] in packs of `pack` slots
- * (1 <= pack <= CU_MM_PACK_DEC), with G >= cu_mm_group_bound(nslots, E, pack).
+ * (1 <= pack <= CU_MM_PACK_DEC), with G >= td_group_bound(nslots, E, pack) (group_pack.h).
  * Calls of at most 128 slots are grouped by a kernel of one thread per slot unless `generic`
  * (the general kernel for every call, so the two can be compared: the same arrays).
  * cu_mm_group_pack: the pack for the routed experts' W13 / W2 of a call of `tokens` tokens
@@ -157,7 +157,6 @@ td_status cu_mm_init(td_err *err);
  * bound); cu_mm_group_ws: G for every call of up to tokens_max tokens of k slots. */
 int64_t cu_mm_pack(int64_t nslots);
 int64_t cu_mm_group_pack(int64_t nslots, int64_t tokens, const cu_qmat *w13, const cu_qmat *w2, int generic);
-int64_t cu_mm_group_bound(int64_t nslots, int64_t E, int64_t pack);
 int64_t cu_mm_group_grid(int64_t nslots, int64_t E, int64_t pack);
 int64_t cu_mm_group_ws(int64_t tokens_max, int64_t k, int64_t E);
 td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int64_t pack, int32_t *n_groups, int32_t *g_mat,

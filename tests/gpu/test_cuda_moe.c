@@ -51,6 +51,7 @@
 #include "moe_fixture.h"
 #include "cuda/nvfp4_layout.h"
 #include "cuda/dec_split.h"
+#include "cuda/group_pack.h"
 #include "engine.h"
 #include "audit/engines.h"
 #include "formats.h"
@@ -390,8 +391,8 @@ static void cuda_sweep(void **state)
     seq[n++] = (exact_call){32, 5, 132, 0};
     seq[n++] = (exact_call){784, -1, 784, 0};
     seq[n++] = (exact_call){784, 5, 785, 0};
-    /* every pattern at 2 and 3 tokens (packs of 2 and 3: an expert repeated within a token,
-     * as in the all-one-expert pattern, is cut into several packs), 5 and 16 */
+    /* every pattern at 2, 3, 5 and 16 tokens (packs of 8, 4, 8, 8: an expert repeated within a
+     * token, as in the all-one-expert pattern, is cut into several packs) */
     static const int64_t pM[] = {2, 3, 5, 16};
     for (int p = 0; p < 6; p++)
         for (size_t i = 0; i < TD_ARRAY_LEN(pM); i++) {
@@ -572,7 +573,7 @@ static void cuda_decode_kernel(void **state)
  * td_dec_tail_possible) and launches the kernel with the tail's code whenever it may. 128
  * experts, top-8, hidden 640 (W13: 2 chunks, 5 items per group), inter 320, random routes
  * (pattern 5, distinct per token): at 12 to 31 tokens the groups (an expert's slots in packs of
- * 8) vary from about 70 to 110, so on a 132-SM GPU (grid 396)
+ * td_group_pack's 8) vary from about 70 to 110, so on a 132-SM GPU (grid 396)
  * some calls have fewer items than blocks, some a remainder by chunks and some one too large
  * for one round; the test counts them and needs each kind at least twice. Direct dispatch
  * takes the tail from M = 10 on (80 slots, 400 items). Every call bit for bit against
@@ -594,8 +595,9 @@ static void cuda_decode_grouped_tail(void **state)
         int count[E] = {0};
         routes(5, M, K, E, ids, w);
         for (int64_t i = 0; i < M * K; i++) count[ids[i]]++;
+        const int P = (int)td_group_pack(M * K, M, 0); /* the engine's pack for this call */
         int groups = 0;
-        for (int e = 0; e < E; e++) groups += (count[e] + 7) / 8;
+        for (int e = 0; e < E; e++) groups += (count[e] + P - 1) / P;
         td_dec_split sp;
         td_dec_split_of(groups * 5, 2, 8, B, 0, &sp);
         kinds[groups * 5 <= B ? 0 : sp.tail_n > 0 ? 1 : 2]++;
