@@ -436,17 +436,87 @@ __device__ __forceinline__ void lane_best(const uint32_t b[16], uint32_t taken, 
         }
 }
 
+/* The top-k of one token on one warp, in the reference's order (larger first, lower index on
+ * ties): lane l holds the bit patterns b[j] of experts l + 32 j (probabilities >= +0, no NaN;
+ * bit j of `taken` set for the experts past E, whose b[j] is 0) and their largest, lmax. Lane
+ * r < k ends with slot r's value mv and expert mi. T0 = the k-th largest of the 32 lane maxima
+ * (a bitonic sort across the lanes); at least k experts are >= T0, so the top-k are among the
+ * candidates >= T0, listed in cand; a candidate's slot is the number of candidates that rank
+ * before it. With more than RS_CAND_MAX candidates (many equal probabilities) k rounds of a
+ * warp arg-best instead. cand, slot_v, slot_i: this warp's shared memory. */
+__device__ __forceinline__ void route_topk(uint32_t b[16], uint32_t taken, uint32_t lmax, int k, int lane, uint2 *cand,
+                                           float *slot_v, int *slot_i, float &mv, int &mi)
+{
+    /* bitonic sort of the lane maxima, descending across lanes (a lane without experts
+     * holds 0, which only lowers the bound) */
+    uint32_t v = lmax;
+    for (int size = 2; size <= 32; size <<= 1)
+        for (int stride = size >> 1; stride >= 1; stride >>= 1) {
+            const uint32_t o = __shfl_xor_sync(0xffffffffu, v, stride);
+            const bool desc = (lane & size) == 0, lower = (lane & stride) == 0;
+            v = (lower == desc) ? max(v, o) : min(v, o);
+        }
+    const uint32_t T0 = __shfl_sync(0xffffffffu, v, k - 1);
+    uint32_t mine = 0;
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        if (!(taken >> j & 1u) && b[j] >= T0) mine |= 1u << j;
+    const int c = __popc(mine);
+    int incl = c;
+    for (int off = 1; off < 32; off <<= 1) {
+        const int o = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += o;
+    }
+    const int n = __shfl_sync(0xffffffffu, incl, 31);
+    if (n <= RS_CAND_MAX) {
+        int at = incl - c;
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+            if (mine >> j & 1u) cand[at++] = make_uint2(b[j], (uint32_t)(lane + 32 * j));
+        __syncwarp();
+        for (int ci = lane; ci < n; ci += 32) {
+            const uint2 me = cand[ci];
+            int r = 0;
+            for (int d = 0; d < n; d++) {
+                const uint2 o = cand[d];
+                r += o.x > me.x || (o.x == me.x && o.y < me.y);
+            }
+            if (r < k) {
+                slot_v[r] = __uint_as_float(me.x);
+                slot_i[r] = (int)me.y;
+            }
+        }
+        __syncwarp();
+        if (lane < k) {
+            mv = slot_v[lane];
+            mi = slot_i[lane];
+        }
+    } else {
+        uint32_t key;
+        int bj;
+        lane_best(b, taken, key, bj);
+        for (int r = 0; r < k; r++) {
+            const uint32_t V = __reduce_max_sync(0xffffffffu, key);
+            const uint32_t I = __reduce_min_sync(0xffffffffu, key == V ? (uint32_t)(lane + 32 * bj) : 0xffffffffu);
+            if (lane == r) {
+                mv = __uint_as_float(V - 1u);
+                mi = (int)I;
+            }
+            if ((int)(I & 31u) == lane) {
+                taken |= 1u << (I >> 5);
+                lane_best(b, taken, key, bj);
+            }
+        }
+    }
+}
+
 /* Routing for E <= 512 and k <= 32: one block of 512 threads per token, thread t owns expert
  * t. The softmax is k_route's, with the same bits (its sum order for one expert per thread:
  * the lanes of a warp by a xor butterfly, the 16 warp sums by the same xor tree, which every
  * thread evaluates from shared memory). The top-k, in the reference's order, by warp 0 alone
- * without sequential rounds: lane l holds experts l, l + 32, ...; T0 = the k-th largest of the
- * 32 lane maxima (a bitonic sort across the lanes); at least k experts are >= T0, so the
- * top-k are among the candidates >= T0, listed in shared memory; a candidate's slot is the
- * number of candidates that rank before it (larger first, lower index on ties). With more
- * than RS_CAND_MAX candidates (many equal probabilities) k rounds of a warp arg-best instead.
- * With a NaN probability every probability is NaN (the sum is NaN), and the reference's order
- * (NaN last, lower index first) gives experts 0..k-1. */
+ * without sequential rounds (route_topk). With a NaN probability every probability is NaN (the
+ * sum is NaN), and the reference's order (NaN last, lower index first) gives experts 0..k-1.
+ * Calls of ROUTE_WARP_MIN tokens or more take k_route_warp (the same bits). */
 __global__ void __launch_bounds__(ROUTE_THREADS) k_route_small(const float *logits, int64_t ld, int E, int k,
                                                                bool renorm, int32_t *ids, float *weights)
 {
@@ -500,67 +570,80 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route_small(const float *logi
             if (i < E) lmax = max(lmax, b[j]);
             else taken |= 1u << j;
         }
-        /* bitonic sort of the lane maxima, descending across lanes (a lane without experts
-         * holds 0, which only lowers the bound) */
-        uint32_t v = lmax;
-        for (int size = 2; size <= 32; size <<= 1)
-            for (int stride = size >> 1; stride >= 1; stride >>= 1) {
-                const uint32_t o = __shfl_xor_sync(0xffffffffu, v, stride);
-                const bool desc = (lane & size) == 0, lower = (lane & stride) == 0;
-                v = (lower == desc) ? max(v, o) : min(v, o);
-            }
-        const uint32_t T0 = __shfl_sync(0xffffffffu, v, k - 1);
-        uint32_t mine = 0;
+        route_topk(b, taken, lmax, k, lane, cand, slot_v, slot_i, mv, mi);
+    }
+    for (int j = 0; j < k; j++) sk = __fadd_rn(sk, __shfl_sync(0xffffffffu, mv, j));
+    if (lane < k) {
+        ids[t * k + lane] = mi;
+        weights[t * k + lane] = renorm ? __fdiv_rn(mv, sk) : mv;
+    }
+}
+
+/* Routing of prefill-sized calls (E <= 512, k <= 32, at least ROUTE_WARP_MIN tokens): one warp
+ * per token, ROUTE_WARP_TOKENS tokens per block, no block barrier, so that a call's tokens fit
+ * the GPU in one wave (k_route_small's blocks of 512 threads take three waves at 784 tokens).
+ * The same bits as k_route_small: lane l holds experts l + 32 j (j = 0..15), the sum of the
+ * exponentials is k_route_small's (for each j the xor butterfly over the lanes, then the xor
+ * tree over the 16 values of j), and the top-k is route_topk on the same bit patterns. */
+#define ROUTE_WARP_TOKENS 8
+#define ROUTE_WARP_MIN 256
+static_assert(ROUTE_WARPS == 16, "k_route_warp sums 16 values of j as k_route_small sums its 16 warps");
+__global__ void __launch_bounds__(ROUTE_WARP_TOKENS * 32) k_route_warp(const float *logits, int64_t ld, int64_t M,
+                                                                         int E, int k, bool renorm, int32_t *ids,
+                                                                         float *weights)
+{
+    __shared__ uint2 cand[ROUTE_WARP_TOKENS][RS_CAND_MAX];
+    __shared__ float slot_v[ROUTE_WARP_TOKENS][32];
+    __shared__ int slot_i[ROUTE_WARP_TOKENS][32];
+    cu_pdl_wait();
+    cu_pdl_release();
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int64_t t = (int64_t)blockIdx.x * ROUTE_WARP_TOKENS + w;
+    if (t >= M) return;
+    float x[16];
 #pragma unroll
-        for (int j = 0; j < 16; j++)
-            if (!(taken >> j & 1u) && b[j] >= T0) mine |= 1u << j;
-        const int c = __popc(mine);
-        int incl = c;
-        for (int off = 1; off < 32; off <<= 1) {
-            const int o = __shfl_up_sync(0xffffffffu, incl, off);
-            if (lane >= off) incl += o;
-        }
-        const int n = __shfl_sync(0xffffffffu, incl, 31);
-        if (n <= RS_CAND_MAX) {
-            int at = incl - c;
+    for (int j = 0; j < 16; j++) x[j] = lane + 32 * j < E ? logits[t * ld + lane + 32 * j] : 0.0f;
+    float m = -INFINITY;
 #pragma unroll
-            for (int j = 0; j < 16; j++)
-                if (mine >> j & 1u) cand[at++] = make_uint2(b[j], (uint32_t)(lane + 32 * j));
-            __syncwarp();
-            for (int ci = lane; ci < n; ci += 32) {
-                const uint2 me = cand[ci];
-                int r = 0;
-                for (int d = 0; d < n; d++) {
-                    const uint2 o = cand[d];
-                    r += o.x > me.x || (o.x == me.x && o.y < me.y);
-                }
-                if (r < k) {
-                    slot_v[r] = __uint_as_float(me.x);
-                    slot_i[r] = (int)me.y;
-                }
-            }
-            __syncwarp();
-            if (lane < k) {
-                mv = slot_v[lane];
-                mi = slot_i[lane];
-            }
-        } else {
-            uint32_t key;
-            int bj;
-            lane_best(b, taken, key, bj);
-            for (int r = 0; r < k; r++) {
-                const uint32_t V = __reduce_max_sync(0xffffffffu, key);
-                const uint32_t I = __reduce_min_sync(0xffffffffu, key == V ? (uint32_t)(lane + 32 * bj) : 0xffffffffu);
-                if (lane == r) {
-                    mv = __uint_as_float(V - 1u);
-                    mi = (int)I;
-                }
-                if ((int)(I & 31u) == lane) {
-                    taken |= 1u << (I >> 5);
-                    lane_best(b, taken, key, bj);
-                }
-            }
-        }
+    for (int j = 0; j < 16; j++)
+        if (lane + 32 * j < E && !isnan(x[j])) m = fmaxf(m, x[j]);
+    for (int off = 16; off >= 1; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float lvl[16]; /* x[j] becomes its exponential */
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        x[j] = lane + 32 * j < E ? (float)exp((double)__fsub_rn(x[j], m)) : 0.0f;
+        lvl[j] = __fadd_rn(0.0f, x[j]);
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1)
+#pragma unroll
+        for (int j = 0; j < 16; j++) lvl[j] = __fadd_rn(lvl[j], __shfl_xor_sync(0xffffffffu, lvl[j], off));
+    /* the xor tree over j (offsets 8, 4, 2, 1), each level a loop of constant extent */
+#pragma unroll
+    for (int j = 0; j < 8; j++) lvl[j] = __fadd_rn(lvl[j], lvl[j + 8]);
+#pragma unroll
+    for (int j = 0; j < 4; j++) lvl[j] = __fadd_rn(lvl[j], lvl[j + 4]);
+#pragma unroll
+    for (int j = 0; j < 2; j++) lvl[j] = __fadd_rn(lvl[j], lvl[j + 2]);
+    const float sum = __fadd_rn(lvl[0], lvl[1]);
+    uint32_t b[16], taken = 0, lmax = 0;
+    bool nan_p = false;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const bool present = lane + 32 * j < E;
+        const float p = present ? __fdiv_rn(x[j], sum) : 0.0f;
+        nan_p |= present && isnan(p);
+        b[j] = present ? __float_as_uint(p) : 0u;
+        if (present) lmax = max(lmax, b[j]);
+        else taken |= 1u << j;
+    }
+    float mv = 0.0f, sk = 0.0f;
+    int mi = 0;
+    if (__any_sync(0xffffffffu, nan_p)) {
+        mi = lane;
+        mv = lane < E ? __uint_as_float(b[0]) : 0.0f;
+    } else {
+        route_topk(b, taken, lmax, k, lane, cand[w], slot_v[w], slot_i[w], mv, mi);
     }
     for (int j = 0; j < k; j++) sk = __fadd_rn(sk, __shfl_sync(0xffffffffu, mv, j));
     if (lane < k) {
@@ -727,6 +810,13 @@ td_status cu_moe_route(const float *logits, int64_t ld, int64_t M, int64_t E, in
     if (E < 1 || k < 1 || k > E || E > ROUTE_THREADS * ROUTE_PER || M > 0x7fffffff)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: routing %lld experts top-%lld is outside the kernel's range",
                           (long long)E, (long long)k);
+    if (!generic && E <= ROUTE_THREADS && k <= 32 && M >= ROUTE_WARP_MIN) {
+        const int64_t blocks = (M + ROUTE_WARP_TOKENS - 1) / ROUTE_WARP_TOKENS;
+        TD_CU_TRY(err, cu_launch(k_route_warp, dim3((unsigned)blocks), dim3(ROUTE_WARP_TOKENS * 32), 0, s, pdl, logits,
+                                 ld, M, (int)E, (int)k, renorm, ids, weights));
+        TD_CU_LAUNCHED(err, "k_route_warp");
+        return TD_OK;
+    }
     if (!generic && E <= ROUTE_THREADS && k <= 32) {
         TD_CU_TRY(err, cu_launch(k_route_small, dim3((unsigned)M), dim3(ROUTE_THREADS), 0, s, pdl, logits, ld, (int)E,
                                  (int)k, renorm, ids, weights));

@@ -21,7 +21,9 @@
  *   k <= 32 (the production shape) the top-k is found by one warp without sequential rounds:
  *   a bound T0 (the k-th largest of the 32 lane maxima) leaves a few candidates, and each
  *   candidate's slot is the number of candidates that rank before it (k rounds of arg-best
- *   when more than 128 probabilities tie above T0). Otherwise, without NaN (and k <= 1024),
+ *   when more than 128 probabilities tie above T0); from 256 tokens on, one warp per token
+ *   does the whole routing (the same sums and the same selection, so the same bits) and the
+ *   call's tokens fit the GPU in one wave. Otherwise, without NaN (and k <= 1024),
  *   by selection: the k-th largest bit pattern by a radix selection with block-wide
  *   histograms, then each selected expert's slot by counting those that rank before it; with
  *   NaN by k rounds of arg-best. Both kernels give the same bits. Renormalization adds the k

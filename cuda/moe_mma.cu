@@ -1677,11 +1677,22 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
 /* k_group's slot-id array, padded past its end (to a multiple of 4 words, plus 4) so that the
  * compiler's wide loads of the last ids never reach into the counts that follow. */
 __host__ __device__ static inline int64_t group_sid_words(int64_t nslots) { return (nslots + 3) / 4 * 4 + 4; }
-/* int32 words before the 8-byte aligned scan partials of k_group's shared memory, with `seg`
- * segments (per-segment counts of every expert). */
-__host__ __device__ static inline int64_t group_off(int64_t nslots, int64_t E, int seg)
+/* k_group's row stride of its per-expert segment counts: seg rounded up to an odd number, so
+ * that the lanes of a warp reading consecutive (expert, segment) entries hit distinct banks. */
+__host__ __device__ static inline int group_stride(int seg) { return seg | 1; }
+/* k_group's shared memory in int32 words: the slot array, the counts [E][group_stride(seg)],
+ * and 32 words of scan partials. */
+__host__ __device__ static inline int64_t group_words(int64_t nslots, int64_t E, int seg)
 {
-    return (group_sid_words(nslots) + (int64_t)seg * E + 1) / 2 * 2;
+    return group_sid_words(nslots) + E * group_stride(seg) + 32;
+}
+/* Bits of a slot's expert in k_group's packed slot word (rank << bits | expert): the least
+ * with E - 1 < 2^bits. */
+__host__ __device__ static inline int group_ebits(int64_t E)
+{
+    int b = 1;
+    while (b < 31 && ((int64_t)1 << b) < E) b++;
+    return b;
 }
 
 /* Grouped dispatch of a small call (nslots <= GROUP_SMALL) on one block, thread s
@@ -1727,87 +1738,181 @@ __global__ void __launch_bounds__(GROUP_SMALL) k_group_small(const int32_t *ids,
     if (s == 0) *n_groups = total;
 }
 
-/* Grouped dispatch on one block, O(slots + segments x experts):
+/* Exclusive prefix of v over the block's threads in thread order, and the total (int sums;
+ * red: 32 words of shared memory, free on entry and exit). Each warp scans the warp totals
+ * itself, so no thread walks them one by one. */
+__device__ __forceinline__ int block_excl_i(int v, int *red, int &total)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
+    int incl = v;
+    for (int off = 1; off < 32; off <<= 1) {
+        const int o = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += o;
+    }
+    if (lane == 31) red[warp] = incl;
+    __syncthreads();
+    const int wv = lane < nw ? red[lane] : 0;
+    int wincl = wv;
+    for (int off = 1; off < 32; off <<= 1) {
+        const int o = __shfl_up_sync(0xffffffffu, wincl, off);
+        if (lane >= off) wincl += o;
+    }
+    total = __shfl_sync(0xffffffffu, wincl, 31);
+    const int before = __shfl_sync(0xffffffffu, wincl - wv, warp);
+    __syncthreads();
+    return before + incl - v;
+}
+
+/* Grouped dispatch on one block, O(slots + segments x experts), every step spread over the
+ * block's threads so that no warp walks a long chain of dependent steps (the kernel is bound
+ * by latency, not by its work):
+ * 0. the ids are loaded, eight independent loads per thread at a time, into the slot array
+ *    (-1 outside [0, E)), and the counts are cleared;
  * 1. the slots are cut into `seg` contiguous segments (seg <= the block's warps); warp w walks
- *    segment w 32 slots at a time and counts each expert's slots in it (integer shared-memory
- *    atomics: the counts do not depend on the order of the adds);
- * 2. thread t owns experts [t*per, (t+1)*per): their totals (sums over the segments) are
- *    scanned over the threads into each expert's first slot and first pack (exclusive
- *    prefixes of slots and packs); each expert writes its packs and turns its per-segment
- *    counts into the first position of each segment's slots;
- * 3. warp w walks its segment again, 32 slots at a time: the lanes holding the same expert are
- *    found by one match, each writes its slot at its expert's position for the segment plus
- *    its rank among those lanes, and the lowest of them advances the position.
- * So perm lists each expert's slots in ascending slot order, the same for every run. Slots
- * whose id is outside [0, E) are in no group. */
-__global__ void __launch_bounds__(GROUP_THREADS) k_group(const int32_t *ids, int64_t nslots, int64_t E, int P, int seg,
-                                                         int32_t *n_groups, int32_t *g_mat, int32_t *g_start,
-                                                         int32_t *g_count, int32_t *perm)
+ *    segment w, NB batches of 32 slots at a time (NB = 1 where a segment has at most 32 slots,
+ *    else 8): the lanes of a batch holding the same
+ *    expert are found by one ballot per bit of the expert; then, batch after batch, each
+ *    takes its rank in the segment (the expert's count so far plus its rank among those
+ *    lanes) into its slot word (rank << ebits | expert), and the lowest of them advances the
+ *    count;
+ * 2. the counts, in (expert, segment) order, are scanned over the threads (each a contiguous
+ *    run of entries) into the first position of each segment's slots of each expert; then
+ *    thread t owns a contiguous run of experts: their slot totals (differences of first
+ *    positions) and packs, scanned over the threads into each expert's first pack, and it
+ *    writes their packs;
+ * 3. warp w walks its segment again: each slot goes to its expert's first position for the
+ *    segment plus its rank (independent steps), into shared memory where it fits (`stage`),
+ *    then copied out in order.
+ * So perm lists each expert's slots in ascending slot order, the same for every run and every
+ * cut (the arrays of k_group_small and of td_cuda_group_check's reference). Slots whose id is
+ * outside [0, E) are in no group. The host checks that ranks below ceil(nslots / seg) fit
+ * 31 - ebits bits. */
+template <int NB>
+__global__ void __launch_bounds__(GROUP_THREADS, 1) k_group(const int32_t *ids, int64_t nslots, int64_t E, int P, int seg,
+                                                            int ebits, bool stage, int32_t *n_groups, int32_t *g_mat,
+                                                            int32_t *g_start, int32_t *g_count, int32_t *perm)
 {
     extern __shared__ int32_t sh[];
-    const int ns = (int)nslots, ne = (int)E;
+    const int ns = (int)nslots, ne = (int)E, S = group_stride(seg);
     const int sw = (int)group_sid_words(nslots);
-    int32_t *sid = sh;      /* [nslots], padded to group_sid_words with -1 */
-    int32_t *wc = sh + sw;  /* [seg][E]: counts, then first positions */
-    long long *part = reinterpret_cast<long long *>(sh + group_off(nslots, E, seg)); /* [32]: block_excl */
+    int32_t *sid = sh;                     /* [sw]: packed slot words, -1 for no group */
+    int32_t *wc = sh + sw;                 /* [E][S]: counts, then first positions */
+    int *red = sh + sw + (int64_t)ne * S;  /* [32]: scan partials; then perm [nslots] if `stage` */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int emask = (int)((1u << ebits) - 1u);
     cu_pdl_wait();
     cu_pdl_release();
-    for (int s = tid; s < sw; s += GROUP_THREADS) {
-        const int32_t id = s < ns ? ids[s] : -1;
-        sid[s] = id >= 0 && id < ne ? id : -1;
+    /* 0 */
+    for (int base = 0; base < sw; base += 8 * GROUP_THREADS) {
+        int32_t v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int s = base + j * GROUP_THREADS + tid;
+            v[j] = s < ns ? ids[s] : -1;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int s = base + j * GROUP_THREADS + tid;
+            if (s < sw) sid[s] = v[j] >= 0 && v[j] < ne ? v[j] : -1;
+        }
     }
-    for (int i = tid; i < seg * ne; i += GROUP_THREADS) wc[i] = 0;
+    for (int i = tid; i < ne * S; i += GROUP_THREADS) wc[i] = 0;
     __syncthreads();
+    /* 1: NB batches of 32 slots at a time; their masks first (independent ballots), then the
+     * counts' chain */
     const int len = (ns + seg - 1) / seg;
     const int s0 = warp * len, s1 = s0 + len < ns ? s0 + len : ns;
+    const unsigned below = (1u << lane) - 1u;
     if (warp < seg)
-        for (int s = s0 + lane; s < s1; s += 32) { /* counts: integer adds, any order gives the same */
-            const int32_t e = sid[s];
-            if (e >= 0) atomicAdd(&wc[warp * ne + e], 1);
+        for (int b0 = s0; b0 < s1; b0 += NB * 32) {
+            int32_t ev[NB];
+            unsigned mv[NB];
+#pragma unroll
+            for (int i = 0; i < NB; i++) {
+                const int s = b0 + 32 * i + lane;
+                ev[i] = s < s1 ? sid[s] : -1;
+                mv[i] = __ballot_sync(0xffffffffu, ev[i] >= 0);
+            }
+            /* the lanes holding the same expert: one ballot per bit of the expert (match.any,
+             * which computes the same, runs at a small fraction of the issue rate) */
+            for (int bit = 0; bit < ebits; bit++)
+#pragma unroll
+                for (int i = 0; i < NB; i++) {
+                    const bool on = (ev[i] >> bit & 1) != 0;
+                    const unsigned vote = __ballot_sync(0xffffffffu, on);
+                    mv[i] &= on ? vote : ~vote;
+                }
+#pragma unroll
+            for (int i = 0; i < NB; i++) {
+                const int32_t e = ev[i];
+                int c = 0;
+                if (e >= 0) {
+                    c = wc[e * S + warp];
+                    sid[b0 + 32 * i + lane] = (c + __popc(mv[i] & below)) << ebits | e;
+                }
+                __syncwarp();
+                if (e >= 0 && lane == __ffs(mv[i]) - 1) wc[e * S + warp] = c + __popc(mv[i]);
+                __syncwarp();
+            }
         }
     __syncthreads();
-    /* thread t owns experts [t*per, (t+1)*per): packed (slots << 32 | packs) partial sums */
-    const int per = (ne + GROUP_THREADS - 1) / GROUP_THREADS;
-    const int e0 = tid * per, e1 = e0 + per < ne ? e0 + per : ne;
-    long long mine = 0;
-    for (int e = e0; e < e1; e++) {
-        int n = 0;
-#pragma unroll 8
-        for (int w = 0; w < seg; w++) n += wc[w * ne + e];
-        mine += ((long long)n << 32) + (n + P - 1) / P;
+    /* 2: counts -> first positions, over the flat (expert, segment) order f = e * seg + w */
+    const int nf = ne * seg, per = (nf + GROUP_THREADS - 1) / GROUP_THREADS;
+    const int f0 = tid * per < nf ? tid * per : nf, f1 = f0 + per < nf ? f0 + per : nf;
+    const int fe = f0 / seg, fw = f0 - fe * seg; /* the run's first entry */
+    int mine = 0;
+    for (int f = f0, e = fe, w = fw; f < f1; f++) {
+        mine += wc[e * S + w];
+        if (++w == seg) {
+            w = 0;
+            e++;
+        }
     }
-    long long total;
-    long long run = block_excl(mine, part, total); /* exclusive prefix over the threads */
-    if (tid == 0) *n_groups = (int32_t)(total & 0xffffffffll);
-    for (int e = e0; e < e1; e++) {
-        const int32_t sbase = (int32_t)(run >> 32), gbase = (int32_t)(run & 0xffffffffll);
-        int32_t pos = sbase;
-#pragma unroll 8
-        for (int w = 0; w < seg; w++) { /* per-segment counts -> first positions */
-            const int32_t c = wc[w * ne + e];
-            wc[w * ne + e] = pos;
-            pos += c;
+    int valid;
+    int pos = block_excl_i(mine, red, valid);
+    for (int f = f0, e = fe, w = fw; f < f1; f++) {
+        const int i = e * S + w, c = wc[i];
+        wc[i] = pos;
+        pos += c;
+        if (++w == seg) {
+            w = 0;
+            e++;
         }
-        const int32_t n = pos - sbase;
-        for (int32_t j = 0; j * P < n; j++) {
-            g_mat[gbase + j] = (int32_t)e;
-            g_start[gbase + j] = sbase + j * P;
-            g_count[gbase + j] = n - j * P < P ? n - j * P : P;
-        }
-        run += ((long long)n << 32) + (n + P - 1) / P;
     }
     __syncthreads();
-    if (warp < seg)
-        for (int base = s0; base < s1; base += 32) {
-            const int s = base + lane;
-            const int32_t e = s < s1 ? sid[s] : -1;
-            const unsigned m = __match_any_sync(0xffffffffu, e);
-            if (e >= 0) perm[wc[warp * ne + e] + __popc(m & ((1u << lane) - 1u))] = s;
-            __syncwarp();
-            if (e >= 0 && lane == __ffs(m) - 1) wc[warp * ne + e] += __popc(m);
-            __syncwarp();
+    const int pe = (ne + GROUP_THREADS - 1) / GROUP_THREADS;
+    const int e0 = tid * pe < ne ? tid * pe : ne, e1 = e0 + pe < ne ? e0 + pe : ne;
+    int packs = 0;
+    for (int e = e0; e < e1; e++) {
+        const int n = (e + 1 < ne ? wc[(e + 1) * S] : valid) - wc[e * S];
+        packs += (n + P - 1) / P;
+    }
+    int groups;
+    int gb = block_excl_i(packs, red, groups);
+    if (tid == 0) *n_groups = groups;
+    for (int e = e0; e < e1; e++) {
+        const int first = wc[e * S], n = (e + 1 < ne ? wc[(e + 1) * S] : valid) - first;
+        for (int j = 0; j * P < n; j++) {
+            g_mat[gb + j] = (int32_t)e;
+            g_start[gb + j] = first + j * P;
+            g_count[gb + j] = n - j * P < P ? n - j * P : P;
         }
+        gb += (n + P - 1) / P;
+    }
+    /* 3 (wc holds the first positions since the barrier in the scan above): into shared
+     * memory where it fits, then copied out in order (scattered global stores of one SM ran at
+     * about two cycles each: most of the kernel's time at 7,840 slots) */
+    int32_t *out = stage ? red + 32 : perm;
+    if (warp < seg)
+#pragma unroll 4
+        for (int s = s0 + lane; s < s1; s += 32) {
+            const int32_t v = sid[s];
+            if (v >= 0) out[wc[(v & emask) * S + warp] + (v >> ebits)] = s;
+        }
+    if (stage) {
+        __syncthreads();
+        for (int i = tid; i < valid; i += GROUP_THREADS) perm[i] = out[i];
+    }
 }
 
 /* ==== launchers ============================================================================== */
@@ -1891,7 +1996,8 @@ td_status cu_mm_init(td_err *err)
     TD_CU_TRY(err, (set_dec_smem<0, 2, 5>()));
     TD_CU_TRY(err, (set_dec_smem<1, 1, 5>()));
     TD_CU_TRY(err, (set_dec_smem<1, 2, 5>()));
-    TD_CU_TRY(err, cudaFuncSetAttribute(k_group, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+    TD_CU_TRY(err, cudaFuncSetAttribute(k_group<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+    TD_CU_TRY(err, cudaFuncSetAttribute(k_group<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
     TD_CU_TRY(err, cudaFuncSetAttribute(k_gemm<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 / 2 - 1024));
     TD_CU_TRY(err, cudaFuncSetAttribute(k_gemm<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 / 2 - 1024));
     TD_CU_TRY(err, (set_wgp_smem<1, 1>()));
@@ -1928,20 +2034,34 @@ td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int64_t pac
         return TD_OK;
     }
     /* segments: one per 32 slots, at most one per warp, and as many as shared memory allows
-     * (their counts take seg x E words); at least one (then the layout is the slot ids and one
-     * count per expert). Every thread walks the segments' counts of its experts twice, so a
+     * (their counts take E x group_stride(seg) words); at least one (then the layout is the
+     * slot ids and one count per expert). The block scans all E x seg counts, so a
      * decode-sized call takes few segments. The segments change no result: perm lists each
      * expert's slots in ascending slot order whatever the cut. */
+    const size_t cap = 227 * 1024;
     int seg = (int)((nslots + 31) / 32);
     if (seg > GROUP_THREADS / 32) seg = GROUP_THREADS / 32;
     if (seg < 1) seg = 1;
-    while (seg > 1 && (size_t)group_off(nslots, E, seg) * 4 + 32 * sizeof(long long) > 227 * 1024) seg /= 2;
-    const size_t bytes = (size_t)group_off(nslots, E, seg) * 4 + 32 * sizeof(long long);
-    if (nslots < 1 || E < 1 || bytes > 227 * 1024 || nslots >= (1ll << 31) / 2)
+    while (seg > 1 && nslots >= 1 && E >= 1 && E < (1ll << 31) && (size_t)group_words(nslots, E, seg) * 4 > cap)
+        seg /= 2;
+    const int ebits = group_ebits(E);
+    const int64_t len = nslots >= 1 ? (nslots + seg - 1) / seg : 0;
+    if (nslots < 1 || E < 1 || E >= (1ll << 31) || nslots >= (1ll << 31) / 2 ||
+        (size_t)group_words(nslots, E, seg) * 4 > cap || len > ((int64_t)1 << (31 - ebits)))
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: grouping %lld slots over %lld experts is outside the kernel's "
                                              "range", (long long)nslots, (long long)E);
-    TD_CU_TRY(err, cu_launch(k_group, dim3(1), dim3(GROUP_THREADS), bytes, s, pdl, ids, nslots, E,
-                             (int)pack, seg, n_groups, g_mat, g_start, g_count, perm));
+    /* perm staged in shared memory where it fits beside the rest */
+    size_t bytes = (size_t)group_words(nslots, E, seg) * 4;
+    const bool stage = bytes + (size_t)nslots * 4 <= cap;
+    if (stage) bytes += (size_t)nslots * 4;
+    /* one batch of 32 slots per round where a segment has no more (decode-sized calls: eight
+     * batches' ballots for one cost 1 us at 160 slots), eight otherwise */
+    if (len <= 32)
+        TD_CU_TRY(err, cu_launch(k_group<1>, dim3(1), dim3(GROUP_THREADS), bytes, s, pdl, ids, nslots, E, (int)pack,
+                                 seg, ebits, stage, n_groups, g_mat, g_start, g_count, perm));
+    else
+        TD_CU_TRY(err, cu_launch(k_group<8>, dim3(1), dim3(GROUP_THREADS), bytes, s, pdl, ids, nslots, E, (int)pack,
+                                 seg, ebits, stage, n_groups, g_mat, g_start, g_count, perm));
     TD_CU_LAUNCHED(err, "k_group");
     return TD_OK;
 }
@@ -2449,5 +2569,139 @@ done:
     free(ho);
     free(hsel);
     free(codes);
+    return rc;
+}
+
+/* ---- td_cuda_group_check: cu_mm_group's arrays against a host grouping ---- */
+
+/* The reference grouping (host, a counting sort): experts in ascending order, each expert's
+ * slots in ascending slot order (descending with `broken`, the check's own test), cut into
+ * packs of P. Returns the group count; g arrays of at least that size, perm of n, first of E. */
+static int group_reference(const int32_t *ids, int n, int E, int P, int broken, int32_t *g_mat, int32_t *g_start,
+                           int32_t *g_count, int32_t *perm, int32_t *first)
+{
+    for (int e = 0; e < E; e++) first[e] = 0;
+    for (int s = 0; s < n; s++)
+        if (ids[s] >= 0 && ids[s] < E) first[ids[s]]++;
+    int at = 0, G = 0;
+    for (int e = 0; e < E; e++) {
+        const int c = first[e];
+        for (int j = 0; j * P < c; j++, G++) {
+            g_mat[G] = e;
+            g_start[G] = at + j * P;
+            g_count[G] = c - j * P < P ? c - j * P : P;
+        }
+        first[e] = at;
+        at += c;
+    }
+    for (int j = 0; j < n; j++) {
+        const int s = broken ? n - 1 - j : j;
+        if (ids[s] >= 0 && ids[s] < E) perm[first[ids[s]]++] = s;
+    }
+    return G;
+}
+
+/* Route patterns of the check: 0 k distinct random experts per token, 1 random among few
+ * experts (repeats within a token) with ids outside [0, E) (-1, E, 2^30), 2 every slot on one
+ * expert, 3 descending experts (slot s on E - 1 - s mod E), 4 s mod 17. */
+static void group_ids(int pattern, int n, int E, int k, uint64_t &rng, int32_t *ids)
+{
+    for (int s = 0; s < n; s++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        const uint32_t r = (uint32_t)(rng >> 33);
+        if (pattern == 0) {
+            const int t0 = s / k * k;
+            bool dup;
+            do {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                ids[s] = (int32_t)((rng >> 33) % (uint64_t)E);
+                dup = false;
+                for (int j = t0; j < s; j++) dup |= ids[j] == ids[s];
+            } while (dup && s - t0 < E);
+        } else if (pattern == 1) {
+            const uint32_t c = r % 16, few = E < 37 ? (uint32_t)E : 37u;
+            ids[s] = c == 0 ? -1 : c == 1 ? E : c == 2 ? (1 << 30) : (int32_t)(r / 16 % few * (uint32_t)(E / few));
+        } else if (pattern == 2) {
+            ids[s] = E / 2;
+        } else if (pattern == 3) {
+            ids[s] = E - 1 - s % E;
+        } else {
+            ids[s] = s % 17 % E;
+        }
+    }
+}
+
+/* The first element where got and want differ among n, or -1. */
+static int first_diff(const int32_t *got, const int32_t *want, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (got[i] != want[i]) return i;
+    return -1;
+}
+
+extern "C" int td_cuda_group_check(int broken, char *msg, size_t cap)
+{
+    if (!check_device(msg, cap)) return -1;
+    static const int sizes[] = {1, 7, 40, 128, 129, 160, 250, 1000, 4096, 7840, 10240};
+    static const int experts[] = {8, 512, 3000};
+    enum { NMAX = 10240, GMAX = NMAX + 1, EMAX = 3000, POISON = 0x7A5A5A5A };
+    /* outputs, device and host: n_groups [1], g_mat, g_start, g_count [GMAX], perm [NMAX] */
+    const int nout = 1 + 3 * GMAX + NMAX;
+    static const char *const names[] = {"n_groups", "g_mat", "g_start", "g_count", "perm"};
+    const int off[] = {0, 1, 1 + GMAX, 1 + 2 * GMAX, 1 + 3 * GMAX}, len[] = {1, GMAX, GMAX, GMAX, NMAX};
+    int32_t *h = (int32_t *)malloc(((size_t)NMAX + 2 * (size_t)nout + EMAX) * 4);
+    int32_t *d = NULL;
+    int rc = -1;
+    if (!h || cudaMalloc(&d, ((size_t)NMAX + nout) * 4)) goto done;
+    {
+        td_err ierr;
+        if (cu_mm_init(&ierr)) {
+            snprintf(msg, cap, "cu_mm_init: %s", ierr.msg);
+            rc = 1;
+            goto done;
+        }
+        int32_t *ids = h, *want = h + NMAX, *got = want + nout, *first = got + nout, *dout = d + NMAX;
+        uint64_t rng = 0x243F6A8885A308D3ull;
+        for (int pattern = 0; pattern < 5; pattern++)
+            for (size_t ei = 0; ei < sizeof experts / sizeof experts[0]; ei++)
+                for (size_t ni = 0; ni < sizeof sizes / sizeof sizes[0]; ni++)
+                    for (int generic = 0; generic < 2; generic++) {
+                        const int E = experts[ei], n = sizes[ni], k = 10;
+                        /* the engine's packs: 24 or 16 at prefill sizes, 4 at 3 or 4 tokens, else 8 */
+                        const int P = (int)td_group_pack(n, (n + k - 1) / k, (int)((ni + ei) & 1));
+                        group_ids(pattern, n, E, k, rng, ids);
+                        for (int i = 0; i < nout; i++) want[i] = got[i] = POISON;
+                        want[0] = group_reference(ids, n, E, P, broken, want + off[1], want + off[2], want + off[3],
+                                                  want + off[4], first);
+                        td_err err;
+                        if (cudaMemcpy(d, ids, (size_t)n * 4, cudaMemcpyHostToDevice) ||
+                            cudaMemcpy(dout, got, (size_t)nout * 4, cudaMemcpyHostToDevice))
+                            goto done;
+                        if (cu_mm_group(d, n, E, P, dout + off[0], dout + off[1], dout + off[2], dout + off[3],
+                                        dout + off[4], generic != 0, false, 0, &err)) {
+                            snprintf(msg, cap, "cu_mm_group(%d slots, %d experts): %s", n, E, err.msg);
+                            rc = 1;
+                            goto done;
+                        }
+                        if (cudaDeviceSynchronize() || cudaMemcpy(got, dout, (size_t)nout * 4, cudaMemcpyDeviceToHost))
+                            goto done;
+                        for (int a = 0; a < 5; a++) {
+                            const int i = first_diff(got + off[a], want + off[a], len[a]);
+                            if (i < 0) continue;
+                            snprintf(msg, cap,
+                                     "%s[%d] = %d, expected %d (pattern %d, %d slots, %d experts, pack %d, %s kernel)",
+                                     names[a], i, got[off[a] + i], want[off[a] + i], pattern, n, E, P,
+                                     generic || n > GROUP_SMALL ? "general" : "small");
+                            rc = 1;
+                            goto done;
+                        }
+                    }
+        snprintf(msg, cap, "ok");
+        rc = 0;
+    }
+done:
+    if (rc < 0) snprintf(msg, cap, "CUDA: %s", cudaGetErrorString(cudaGetLastError()));
+    cudaFree(d);
+    free(h);
     return rc;
 }

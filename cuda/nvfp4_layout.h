@@ -1,6 +1,6 @@
 /* nvfp4_layout.h — checks of the tensor-core path's layouts (cuda/moe_mma.cu): the NVFP4 word
- * placements (host; the BF16 one's multiplication on the GPU) and the input layout of
- * cu_mm_round_split (GPU).
+ * placements (host; the BF16 one's multiplication on the GPU), the input layout of
+ * cu_mm_round_split (GPU) and the group arrays of cu_mm_group (GPU).
  *
  * Contract: td_cuda_nvfp4_layout_check() packs codes with the packer's bit placements (FP16
  * and BF16, moe_mma.cuh) and decodes them with the kernels' own integer decodes (the same
@@ -42,6 +42,18 @@ int td_cuda_nvfp4_bf16_check(int broken, char *msg, size_t cap);
  * CUDA device. broken = 1 computes the reference offsets with the piece's two roles swapped,
  * which must fail: the check's own test. */
 int td_cuda_round_split_check(int broken, char *msg, size_t cap);
+
+/* Check of cu_mm_group (grouped dispatch's arrays; cuda/moe_mma.cuh) on the GPU: seeded routes
+ * of five patterns (distinct top-10 experts per token; few experts with repeats and ids outside
+ * [0, E); all on one expert; descending experts; s mod 17), 1 to 10,240 slots, 8, 512 and
+ * 3,000 experts, the engine's packs (td_group_pack), with the small-call kernel and with the
+ * general one (`generic`). Every output poisoned first: n_groups, g_mat, g_start, g_count and
+ * perm must equal a host counting sort (experts ascending, each expert's slots in ascending
+ * slot order, packs of P) element for element, and nothing past the groups and the valid
+ * slots may be written. Returns 0 ("ok"), 1 and the first mismatch, or -1 without a CUDA
+ * device. broken = 1 takes each expert's slots in descending order in the reference, which
+ * must fail: the check's own test. */
+int td_cuda_group_check(int broken, char *msg, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -34,6 +34,7 @@
  *   projection takes it, and against ref; with BF16 inputs of 7e4 to 3e5 in some groups;
  * - the block's input rounded and laid out for k_wgp in one launch (cu_mm_round_split) against
  *   the host's conversions and the layout's formula, with edge values and canaries;
+ * - the grouping kernels' arrays (cu_mm_group) against a host counting sort, outputs poisoned;
  * - prefill-sized calls (the BF16 router and shared expert on k_wgp, its inputs laid out by the
  *   round, FP16 split into hi and lo, BF16 as they are; the NVFP4 projections
  *   with one warp per row tile) against decode-sized calls of the same tokens, bit for bit,
@@ -828,52 +829,59 @@ static void routing_case(const char *name, int64_t experts)
     mf_model m;
     const char *dir = fixture_or_skip(name, &o, &m);
     for (int64_t M = 1; M <= 65; M += 32) compare(dir, "ref:scale=fp16", "cuda:act_dtype=fp32", 1e-5, 0, M, -1, "route");
-    /* NaN token */
+    /* NaN token and tied token, at a decode size and at a prefill size (the routing kernel
+     * of one warp per token from 256 tokens on, where E <= 512) */
     td_engine *er = td_test_engine(dir, "ref:scale=fp16"), *ec = td_test_engine(dir, "cuda:act_dtype=fp32");
-    const int64_t H = o.hidden, k = o.top_k, M = 4;
-    float *x = malloc((size_t)(M * H) * sizeof *x), *yr = malloc((size_t)(M * H) * sizeof *yr),
-          *yc = malloc((size_t)(M * H) * sizeof *yc);
-    assert_true(x && yr && yc);
-    td_rng rng;
-    td_rng_seed(&rng, 2801);
-    for (int64_t i = 0; i < M * H; i++) x[i] = 0.5f * td_rng_normal_f32(&rng);
-    x[H + 5] = NAN;
-    for (int64_t i = 0; i < H; i++) x[3 * H + i] = 0.0f; /* token 3: logits all 0 */
-    td_taps *tr = NULL, *tc = NULL;
-    td_err err;
-    static const char *const tp[] = {"L*.moe.topk"};
-    assert_int_equal(td_taps_new(tp, 1, &tr, &err), TD_OK);
-    assert_int_equal(td_taps_new(tp, 1, &tc, &err), TD_OK);
-    td_engine_set_taps(er, tr);
-    td_engine_set_taps(ec, tc);
-    td_block_call cr = {0, TD_BLOCK_MOE, M, x, yr, NULL, NULL};
-    td_block_call cc = cr;
-    cc.output = yc;
-    if (td_engine_run_block(er, &cr, &err)) fail_msg("ref: %s", err.msg);
-    if (td_engine_run_block(ec, &cc, &err)) fail_msg("cuda: %s", err.msg);
-    const td_tap *a = td_taps_find(tr, "L0.moe.topk"), *b = td_taps_find(tc, "L0.moe.topk");
-    assert_non_null(a);
-    assert_non_null(b);
-    const int32_t *ia = (const int32_t *)a->data, *ib = (const int32_t *)b->data;
-    for (int64_t j = 0; j < k; j++) {
-        assert_int_equal(ia[k + j], j); /* the NaN token: experts 0..k-1 */
-        assert_int_equal(ib[k + j], j);
-        assert_int_equal(ia[3 * k + j], j); /* the tied token: experts 0..k-1 */
-        assert_int_equal(ib[3 * k + j], j);
-    }
-    assert_memory_equal(ia, ib, (size_t)(M * k) * sizeof(int32_t));
-    for (int64_t t = 0; t < M; t += 2) { /* tokens 0 and 2 */
-        const double r = rel_l2(yc + t * H, yr + t * H, (size_t)H);
-        print_message("  route      NaN token beside: token %lld rel_l2 %.3e\n", (long long)t, r);
-        assert_true(r <= 1e-5);
+    static const int64_t sizes[] = {4, 260};
+    for (size_t si = 0; si < TD_ARRAY_LEN(sizes); si++) {
+        const int64_t H = o.hidden, k = o.top_k, M = sizes[si];
+        float *x = malloc((size_t)(M * H) * sizeof *x), *yr = malloc((size_t)(M * H) * sizeof *yr),
+              *yc = malloc((size_t)(M * H) * sizeof *yc);
+        assert_true(x && yr && yc);
+        td_rng rng;
+        td_rng_seed(&rng, 2801);
+        for (int64_t i = 0; i < M * H; i++) x[i] = 0.5f * td_rng_normal_f32(&rng);
+        x[H + 5] = NAN;
+        for (int64_t i = 0; i < H; i++) x[3 * H + i] = 0.0f; /* token 3: logits all 0 */
+        td_taps *tr = NULL, *tc = NULL;
+        td_err err;
+        static const char *const tp[] = {"L*.moe.topk"};
+        assert_int_equal(td_taps_new(tp, 1, &tr, &err), TD_OK);
+        assert_int_equal(td_taps_new(tp, 1, &tc, &err), TD_OK);
+        td_engine_set_taps(er, tr);
+        td_engine_set_taps(ec, tc);
+        td_block_call cr = {0, TD_BLOCK_MOE, M, x, yr, NULL, NULL};
+        td_block_call cc = cr;
+        cc.output = yc;
+        if (td_engine_run_block(er, &cr, &err)) fail_msg("ref: %s", err.msg);
+        if (td_engine_run_block(ec, &cc, &err)) fail_msg("cuda: %s", err.msg);
+        const td_tap *a = td_taps_find(tr, "L0.moe.topk"), *b = td_taps_find(tc, "L0.moe.topk");
+        assert_non_null(a);
+        assert_non_null(b);
+        const int32_t *ia = (const int32_t *)a->data, *ib = (const int32_t *)b->data;
+        for (int64_t j = 0; j < k; j++) {
+            assert_int_equal(ia[k + j], j); /* the NaN token: experts 0..k-1 */
+            assert_int_equal(ib[k + j], j);
+            assert_int_equal(ia[3 * k + j], j); /* the tied token: experts 0..k-1 */
+            assert_int_equal(ib[3 * k + j], j);
+        }
+        assert_memory_equal(ia, ib, (size_t)(M * k) * sizeof(int32_t));
+        for (int64_t t = 0; t < M; t += 2) { /* the tokens beside */
+            const double r = rel_l2(yc + t * H, yr + t * H, (size_t)H);
+            if (t < 4) print_message("  route      M = %lld, NaN token beside: token %lld rel_l2 %.3e\n", (long long)M,
+                                     (long long)t, r);
+            assert_true(r <= 1e-5);
+        }
+        td_engine_set_taps(er, NULL);
+        td_engine_set_taps(ec, NULL);
+        td_taps_free(tr);
+        td_taps_free(tc);
+        free(x);
+        free(yr);
+        free(yc);
     }
     td_engine_free(er);
     td_engine_free(ec);
-    td_taps_free(tr);
-    td_taps_free(tc);
-    free(x);
-    free(yr);
-    free(yc);
     mf_free(&m);
 }
 
@@ -941,6 +949,16 @@ static void cuda_round_split(void **state)
     gpu_check(td_cuda_round_split_check, "round + k_wgp layout", "expected");
 }
 
+/* cu_mm_group's arrays (both grouping kernels) against a host counting sort, element for
+ * element with the outputs poisoned, over five route patterns, 1 to 10,240 slots and 8 to
+ * 3,000 experts (cuda/nvfp4_layout.h); a reference with each expert's slots reversed must
+ * fail. */
+static void cuda_group_arrays(void **state)
+{
+    (void)state;
+    gpu_check(td_cuda_group_check, "grouping", "perm[");
+}
+
 static void cuda_rejects(void **state)
 {
     (void)state;
@@ -992,6 +1010,7 @@ int main(void)
         cmocka_unit_test(cuda_nvfp4_layout),
         cmocka_unit_test(cuda_nvfp4_bf16_decode),
         cmocka_unit_test(cuda_round_split),
+        cmocka_unit_test(cuda_group_arrays),
         cmocka_unit_test(cuda_rejects),
         cmocka_unit_test(cuda_vs_ref_modelopt),
         cmocka_unit_test(cuda_vs_ref_ct_bf16_shared),
