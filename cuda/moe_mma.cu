@@ -1833,8 +1833,9 @@ __global__ void __launch_bounds__(GROUP_THREADS, 1) k_group(const int32_t *ids, 
                 ev[i] = s < s1 ? sid[s] : -1;
                 mv[i] = __ballot_sync(0xffffffffu, ev[i] >= 0);
             }
-            /* the lanes holding the same expert: one ballot per bit of the expert (match.any,
-             * which computes the same, runs at a small fraction of the issue rate) */
+            /* the lanes holding the same expert: one ballot per bit of the expert (match.any
+             * computes the same mask; with it the kernel took 22.4-22.9 us at 7,840 slots
+             * against 19.2-19.8 with ballots one batch at a time: docs/perf.md) */
             for (int bit = 0; bit < ebits; bit++)
 #pragma unroll
                 for (int i = 0; i < NB; i++) {
@@ -1900,8 +1901,9 @@ __global__ void __launch_bounds__(GROUP_THREADS, 1) k_group(const int32_t *ids, 
         gb += (n + P - 1) / P;
     }
     /* 3 (wc holds the first positions since the barrier in the scan above): into shared
-     * memory where it fits, then copied out in order (scattered global stores of one SM ran at
-     * about two cycles each: most of the kernel's time at 7,840 slots) */
+     * memory where it fits, then copied out in order (written directly to global memory, the
+     * phase with its 7,840 scattered stores from one SM took 12,500-15,700 of the kernel's
+     * 32,000-35,500 cycles at 7,840 slots: docs/perf.md) */
     int32_t *out = stage ? red + 32 : perm;
     if (warp < seg)
 #pragma unroll 4
