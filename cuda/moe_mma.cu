@@ -2041,17 +2041,16 @@ td_status cu_mm_group(const int32_t *ids, int64_t nslots, int64_t E, int64_t pac
      * decode-sized call takes few segments. The segments change no result: perm lists each
      * expert's slots in ascending slot order whatever the cut. */
     const size_t cap = 227 * 1024;
-    int seg = (int)((nslots + 31) / 32);
+    const bool sizes_ok = nslots >= 1 && E >= 1 && E < (1ll << 31) && nslots < (1ll << 31) / 2;
+    int seg = sizes_ok ? (int)((nslots + 31) / 32) : 1;
     if (seg > GROUP_THREADS / 32) seg = GROUP_THREADS / 32;
-    if (seg < 1) seg = 1;
-    while (seg > 1 && nslots >= 1 && E >= 1 && E < (1ll << 31) && (size_t)group_words(nslots, E, seg) * 4 > cap)
-        seg /= 2;
+    while (seg > 1 && (size_t)group_words(nslots, E, seg) * 4 > cap) seg /= 2;
     const int ebits = group_ebits(E);
-    const int64_t len = nslots >= 1 ? (nslots + seg - 1) / seg : 0;
-    if (nslots < 1 || E < 1 || E >= (1ll << 31) || nslots >= (1ll << 31) / 2 ||
-        (size_t)group_words(nslots, E, seg) * 4 > cap || len > ((int64_t)1 << (31 - ebits)))
+    if (!sizes_ok || (size_t)group_words(nslots, E, seg) * 4 > cap ||
+        (nslots + seg - 1) / seg > ((int64_t)1 << (31 - ebits)))
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: grouping %lld slots over %lld experts is outside the kernel's "
                                              "range", (long long)nslots, (long long)E);
+    const int64_t len = (nslots + seg - 1) / seg;
     /* perm staged in shared memory where it fits beside the rest */
     size_t bytes = (size_t)group_words(nslots, E, seg) * 4;
     const bool stage = bytes + (size_t)nslots * 4 <= cap;

@@ -153,8 +153,9 @@ td_status cu_mm_init(td_err *err);
  * Calls of at most 128 slots are grouped by a kernel of one thread per slot unless `generic`
  * (the general kernel for every call, so the two can be compared: the same arrays).
  * cu_mm_group_pack: the pack for the routed experts' W13 / W2 of a call of `tokens` tokens
- * (td_group_pack); cu_mm_group_grid: the groups a call's launches size their grids for (max_groups, at least the
- * bound); cu_mm_group_ws: G for every call of up to tokens_max tokens of k slots. */
+ * (td_group_pack); cu_mm_group_grid: the groups a call's launches size their grids for
+ * (max_groups, at least the bound); cu_mm_group_ws: G for every call of up to tokens_max
+ * tokens of k slots. */
 int64_t cu_mm_pack(int64_t nslots);
 int64_t cu_mm_group_pack(int64_t nslots, int64_t tokens, const cu_qmat *w13, const cu_qmat *w2, int generic);
 int64_t cu_mm_group_grid(int64_t nslots, int64_t E, int64_t pack);
