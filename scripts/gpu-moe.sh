@@ -72,9 +72,10 @@ sanitize)
   t memcheck compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --experts 64 --M 1,3,4,5,16,40 --iters 3 --sets 2 --act fp16 --dispatch grouped
   t memcheck_raw compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --experts 64 --M 3,17 --iters 3 --sets 2 --act bf16 --storage raw --tp 4
   # hidden 320 / inter 160: chunks of 10 and 5 steps, so W13 and W2 run on the decode kernel
-  # (one, two and three 8-token tiles at M = 1, 9 and 300; packs of 4 at M = 4) and the grouping
-  # kernel on 3,000 slots
-  t racecheck compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,4,9,300 --iters 2 --sets 1 --act fp16 --dispatch grouped
+  # (one, two and three 8-token tiles at M = 1, 9 and 300; packs of 4 at M = 4), the grouping
+  # kernels on 10 to 90 slots (k_group_small), 160 (k_group<1>) and 3,000 (k_group<8>), and the
+  # routing of one warp per token at 300 tokens
+  t racecheck compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,4,9,16,300 --iters 2 --sets 1 --act fp16 --dispatch grouped
   # the same with BF16 inputs
   t racecheck_bf16 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,300 --iters 2 --sets 1 --act bf16 --dispatch grouped
   # the decode kernel's last items by chunks: 128 experts, top-8, hidden 640 / inter 320 (W13
