@@ -26,9 +26,9 @@
 #             M = 784 (fp16, bf16), this binary and moe_decode_base
 #   ab        A/B of the bench against a baseline binary build/device/moe_decode_base (built
 #             from another commit, e.g. a git worktree, and carried beside the bundle): fp16
-#             direct and grouped, M = 1..16 and 784 grouped, bf16 grouped M = 1, 16, 784, the
-#             two binaries alternating, two runs each (routed and block times per call, no
-#             cuBLAS)
+#             direct and grouped, M = 1..16 and 784 grouped, bf16 grouped M = 1, 16, 784 and
+#             bf16 direct M = 1..16, the two binaries alternating, two runs each (routed and
+#             block times per call, no cuBLAS)
 set -u
 out=$1; shift
 secs=${*:-tests bench audit sanitize}
@@ -124,6 +124,7 @@ ab)
       t ab_${bin}_direct_$run $B/$bin --no-cublas --act fp16 --M 1,2,4,8,16
       t ab_${bin}_grouped_$run $B/$bin --no-cublas --act fp16 --dispatch grouped --M 1,4,8,16,784
       t ab_${bin}_bf16_$run $B/$bin --no-cublas --act bf16 --dispatch grouped --M 1,16,784
+      t ab_${bin}_bf16d_$run $B/$bin --no-cublas --act bf16 --M 1,2,4,8,16
     done
   done ;;
 wgp784)
