@@ -510,6 +510,20 @@ __device__ __forceinline__ void route_topk(uint32_t b[16], uint32_t taken, uint3
     }
 }
 
+/* One token's routes from its warp: lane r < k holds slot r's probability mv and expert mi;
+ * the k weights renormalized (renorm) by their sum taken in slot order from +0, as the
+ * reference sums them. ids, weights: the token's k slots. */
+__device__ __forceinline__ void route_store(float mv, int mi, int k, int lane, bool renorm, int32_t *ids,
+                                            float *weights)
+{
+    float sk = 0.0f;
+    for (int j = 0; j < k; j++) sk = __fadd_rn(sk, __shfl_sync(0xffffffffu, mv, j));
+    if (lane < k) {
+        ids[lane] = mi;
+        weights[lane] = renorm ? __fdiv_rn(mv, sk) : mv;
+    }
+}
+
 /* Routing for E <= 512 and k <= 32: one block of 512 threads per token, thread t owns expert
  * t. The softmax is k_route's, with the same bits (its sum order for one expert per thread:
  * the lanes of a warp by a xor butterfly, the 16 warp sums by the same xor tree, which every
@@ -556,7 +570,7 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route_small(const float *logi
     pv[tid] = p;
     const int pnan = __syncthreads_or(present && isnan(p));
     if (w != 0) return;
-    float mv = 0.0f, sk = 0.0f; /* slot `lane`: value, expert */
+    float mv = 0.0f; /* slot `lane`: value, expert */
     int mi = 0;
     if (pnan) {
         mi = lane;
@@ -572,11 +586,7 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route_small(const float *logi
         }
         route_topk(b, taken, lmax, k, lane, cand, slot_v, slot_i, mv, mi);
     }
-    for (int j = 0; j < k; j++) sk = __fadd_rn(sk, __shfl_sync(0xffffffffu, mv, j));
-    if (lane < k) {
-        ids[t * k + lane] = mi;
-        weights[t * k + lane] = renorm ? __fdiv_rn(mv, sk) : mv;
-    }
+    route_store(mv, mi, k, lane, renorm, ids + t * k, weights + t * k);
 }
 
 /* Routing of prefill-sized calls (E <= 512, k <= 32, at least ROUTE_WARP_MIN tokens): one warp
@@ -637,7 +647,7 @@ __global__ void __launch_bounds__(ROUTE_WARP_TOKENS * 32) k_route_warp(const flo
         if (present) lmax = max(lmax, b[j]);
         else taken |= 1u << j;
     }
-    float mv = 0.0f, sk = 0.0f;
+    float mv = 0.0f;
     int mi = 0;
     if (__any_sync(0xffffffffu, nan_p)) {
         mi = lane;
@@ -645,11 +655,7 @@ __global__ void __launch_bounds__(ROUTE_WARP_TOKENS * 32) k_route_warp(const flo
     } else {
         route_topk(b, taken, lmax, k, lane, cand[w], slot_v[w], slot_i[w], mv, mi);
     }
-    for (int j = 0; j < k; j++) sk = __fadd_rn(sk, __shfl_sync(0xffffffffu, mv, j));
-    if (lane < k) {
-        ids[t * k + lane] = mi;
-        weights[t * k + lane] = renorm ? __fdiv_rn(mv, sk) : mv;
-    }
+    route_store(mv, mi, k, lane, renorm, ids + t * k, weights + t * k);
 }
 
 __global__ void k_w13(cu_lin gate, cu_lin up, int64_t r0, int64_t il, const int32_t *ids, int64_t k,

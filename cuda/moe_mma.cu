@@ -1425,23 +1425,29 @@ __device__ __forceinline__ long long block_sum(long long v, long long *red)
     return t;
 }
 
-/* Exclusive prefix of v over the block's threads in thread order, and the total. */
-__device__ __forceinline__ long long block_excl(long long v, long long *red, long long &total)
+/* Exclusive prefix of the integer v over the block's threads in thread order, and the total
+ * (every thread gets it); red: 32 words of T in shared memory, free on entry and exit. Each
+ * warp scans its lanes, then the warp totals, with shuffles. Integer sums: any order gives the
+ * same values. */
+template <typename T>
+__device__ __forceinline__ T block_excl(T v, T *red, T &total)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
-    long long incl = v;
+    T incl = v;
     for (int off = 1; off < 32; off <<= 1) {
-        const long long o = __shfl_up_sync(0xffffffffu, incl, off);
+        const T o = __shfl_up_sync(0xffffffffu, incl, off);
         if (lane >= off) incl += o;
     }
     if (lane == 31) red[warp] = incl;
     __syncthreads();
-    long long before = 0;
-    total = 0;
-    for (int w = 0; w < nw; w++) {
-        if (w < warp) before += red[w];
-        total += red[w];
+    const T wv = lane < nw ? red[lane] : 0;
+    T wincl = wv;
+    for (int off = 1; off < 32; off <<= 1) {
+        const T o = __shfl_up_sync(0xffffffffu, wincl, off);
+        if (lane >= off) wincl += o;
     }
+    total = __shfl_sync(0xffffffffu, wincl, 31);
+    const T before = __shfl_sync(0xffffffffu, wincl - wv, warp);
     __syncthreads();
     return before + incl - v;
 }
@@ -1738,31 +1744,6 @@ __global__ void __launch_bounds__(GROUP_SMALL) k_group_small(const int32_t *ids,
     if (s == 0) *n_groups = total;
 }
 
-/* Exclusive prefix of v over the block's threads in thread order, and the total (int sums;
- * red: 32 words of shared memory, free on entry and exit). Each warp scans the warp totals
- * itself, so no thread walks them one by one. */
-__device__ __forceinline__ int block_excl_i(int v, int *red, int &total)
-{
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
-    int incl = v;
-    for (int off = 1; off < 32; off <<= 1) {
-        const int o = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += o;
-    }
-    if (lane == 31) red[warp] = incl;
-    __syncthreads();
-    const int wv = lane < nw ? red[lane] : 0;
-    int wincl = wv;
-    for (int off = 1; off < 32; off <<= 1) {
-        const int o = __shfl_up_sync(0xffffffffu, wincl, off);
-        if (lane >= off) wincl += o;
-    }
-    total = __shfl_sync(0xffffffffu, wincl, 31);
-    const int before = __shfl_sync(0xffffffffu, wincl - wv, warp);
-    __syncthreads();
-    return before + incl - v;
-}
-
 /* Grouped dispatch on one block, O(slots + segments x experts), every step spread over the
  * block's threads so that no warp walks a long chain of dependent steps (the kernel is bound
  * by latency, not by its work):
@@ -1870,7 +1851,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, 1) k_group(const int32_t *ids, 
         }
     }
     int valid;
-    int pos = block_excl_i(mine, red, valid);
+    int pos = block_excl(mine, red, valid);
     for (int f = f0, e = fe, w = fw; f < f1; f++) {
         const int i = e * S + w, c = wc[i];
         wc[i] = pos;
@@ -1889,7 +1870,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, 1) k_group(const int32_t *ids, 
         packs += (n + P - 1) / P;
     }
     int groups;
-    int gb = block_excl_i(packs, red, groups);
+    int gb = block_excl(packs, red, groups);
     if (tid == 0) *n_groups = groups;
     for (int e = e0; e < e1; e++) {
         const int first = wc[e * S], n = (e + 1 < ne ? wc[(e + 1) * S] : valid) - first;
