@@ -79,7 +79,8 @@ __device__ __forceinline__ void cu_pdl_release(void) { asm volatile("griddepcont
 
 /* Bulk copies into shared memory completing on an mbarrier (sm_90): one thread arms a buffer's
  * mbarrier with the expected byte count (cu_mbar_expect) and issues the copies
- * (cu_bulk_copy); the threads that read the buffer wait for the barrier's phase
+ * (cu_bulk_copy, or cu_bulk_copy_policy with an L2 cache policy); the threads that read the
+ * buffer wait for the barrier's phase
  * (cu_mbar_wait). The issue and wait helpers take shared-memory addresses (cu_smem_addr). */
 __device__ __forceinline__ uint32_t cu_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void cu_mbar_init(uint64_t *bar)
@@ -108,6 +109,23 @@ __device__ __forceinline__ void cu_bulk_copy(uint32_t dst, const void *src, uint
 {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                  "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+/* An L2 cache policy under which every access it tags is the first to be evicted: for bytes
+ * read once (cu_bulk_copy_policy), so that they do not displace what is read again. */
+__device__ __forceinline__ uint64_t cu_policy_evict_first(void)
+{
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+    return p;
+}
+/* cu_bulk_copy with an L2 cache policy (a hint: the bytes copied are the same). */
+__device__ __forceinline__ void cu_bulk_copy_policy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar,
+                                                    uint64_t policy)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar), "l"(policy)
                  : "memory");
 }
 __device__ __forceinline__ void cu_mbar_wait(uint32_t bar, uint32_t phase)

@@ -6,7 +6,10 @@
 #   bench     bench/gpu/moe_decode at the production shape (fp16/bf16, prepared/raw,
 #             direct/grouped, TP1 and the TP4 slice), with the cuBLAS BF16 baseline
 #   audit     tandem audit layer on flash-next-moe-layer (3 layers) and on edge
-#   sanitize  compute-sanitizer memcheck and racecheck on a small bench run
+#   sanitize  compute-sanitizer memcheck and racecheck on small bench runs (the decode kernel,
+#             the grouping and routing kernels, the tail by chunks; about 9 minutes)
+#   sanitize_parts  the same for the router and shared-expert GEMMs on k_wgp (about 3 minutes;
+#             apart, so that each section fits a 10-minute call)
 #   profile   the expert kernels' machine code (instruction counts), an ncu profile of one
 #             decode step (M = 1) with the decode kernel and with kernels=generic, the
 #             grouping and decode kernels of one prefill call (M = 784, grouped) timed alone,
@@ -31,7 +34,7 @@
 #             block times per call, no cuBLAS)
 set -u
 out=$1; shift
-secs=${*:-tests bench audit sanitize}
+secs=${*:-tests bench audit sanitize sanitize_parts}
 B=$PWD/build/device
 mkdir -p "$out/logs"
 export TD_TEST_TMP=/tmp/tdt; mkdir -p $TD_TEST_TMP
@@ -82,7 +85,8 @@ sanitize)
   # with two chunks per row tile): direct dispatch at M = 10 and 17 (400 and 680 W13 items on a
   # 132-SM GPU's 396 blocks) with FP16 inputs, grouped at M = 20 (about 90 groups) with BF16
   t racecheck_tail compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --topk 8 --hidden 640 --inter 320 --shared 160 --M 10,17 --iters 2 --sets 1 --act fp16
-  t racecheck_tail_grouped compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --topk 8 --hidden 640 --inter 320 --shared 160 --M 20 --iters 2 --sets 1 --act bf16 --dispatch grouped
+  t racecheck_tail_grouped compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --topk 8 --hidden 640 --inter 320 --shared 160 --M 20 --iters 2 --sets 1 --act bf16 --dispatch grouped ;;
+sanitize_parts)
   # 300 tokens, hidden 512, shared expert 2048: router, shared W13 and W2 run on k_wgp (wgmma;
   # issuer and consumer warps on mbarriers, the ring wrapping several times; the shared W13's
   # 160 blocks of 128 rows with two consumer warpgroups, the router and W2 with one; the input

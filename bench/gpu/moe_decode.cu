@@ -4,7 +4,7 @@
  * usage: moe_decode [--hidden 2560] [--experts 512] [--inter 640] [--topk 10] [--shared 640]
  *                   [--tp 1] [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]
  *                   [--kernels fast|generic] [--prio main|shared|off]
- *                   [--M 1,2,4,8,16,784] [--iters 200] [--sets 16] [--seed 1] [--big V]
+ *                   [--M 1,2,4,8,16,784] [--iters 200] [--sets 16] [--dense 8] [--seed 1] [--big V]
  *                   [--cublas LIB] [--no-cublas] [--no-presplit] [--db PATH] [--json]
  *
  * Weights are synthetic (seeded hash of the index; E4M3 codes 0x38..0x5f, globals 2^-7) in the
@@ -12,7 +12,12 @@
  * router [E, H], a BF16 shared expert and its gate. The kernels are the engine's own
  * launchers (cuda/moe.cuh, cuda/moe_mma.cuh). Routes are imposed: `--sets` random route sets
  * (distinct experts per token) rotate between calls, so consecutive calls touch different
- * experts and the 50 MB L2 cannot hold the weights of the next call.
+ * experts and the 50 MB L2 cannot hold the weights of the next call. --dense N: N copies of the
+ * router and shared-expert weights (12 MB at the production shape; the cuBLAS baseline's BF16
+ * copies likewise), route set i's call taking copy i mod N, so that L2 does not hold those
+ * between calls either, as in a model whose layers each have their own (default 8; --dense 1:
+ * one copy, as the benches before this option, which let the block keep some of them in L2).
+ * The shapes stored to --db get ".denseN" for N > 1.
  *
  * Per M, one CUDA graph per route set is captured and the graphs are replayed in rotation;
  * each call is bracketed by events and the median over `--iters` calls is reported (and,
@@ -217,7 +222,7 @@ typedef struct opts {
     bool raw, grouped, json, no_cublas, generic, no_presplit;
     int prio;           /* 0 off, 1 main stream high, 2 shared-expert stream high */
     std::vector<int64_t> Ms;
-    int iters, sets;
+    int iters, sets, dense;
     uint64_t seed;
     int64_t big;        /* --big: 0 none */
     const char *cublas, *db;
@@ -228,8 +233,8 @@ static void usage(void)
     fprintf(stderr, "usage: moe_decode [--hidden N] [--experts N] [--inter N] [--topk N] [--shared N] [--tp N]\n"
                     "                  [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]\n"
                     "                  [--kernels fast|generic] [--prio main|shared|off]\n"
-                    "                  [--M 1,2,4,8,16,784] [--iters N] [--sets N] [--seed N] [--big V] [--cublas LIB]\n"
-                    "                  [--db PATH] [--json] [--no-cublas] [--no-presplit]\n");
+                    "                  [--M 1,2,4,8,16,784] [--iters N] [--sets N] [--dense N] [--seed N] [--big V]\n"
+                    "                  [--cublas LIB] [--db PATH] [--json] [--no-cublas] [--no-presplit]\n");
     exit(2);
 }
 
@@ -251,7 +256,7 @@ static void parse(int argc, char **argv, opts *o)
     o->no_presplit = false;
     o->prio = 0;
     o->Ms = {1, 2, 4, 8, 16, 784};
-    o->iters = 200, o->sets = 16, o->seed = 1, o->big = 0, o->cublas = NULL, o->db = NULL;
+    o->iters = 200, o->sets = 16, o->dense = 8, o->seed = 1, o->big = 0, o->cublas = NULL, o->db = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--json")) {
@@ -276,6 +281,7 @@ static void parse(int argc, char **argv, opts *o)
         else if (!strcmp(a, "--tp")) o->tp = num(a, v);
         else if (!strcmp(a, "--iters")) o->iters = (int)num(a, v);
         else if (!strcmp(a, "--sets")) o->sets = (int)num(a, v);
+        else if (!strcmp(a, "--dense")) o->dense = (int)num(a, v);
         else if (!strcmp(a, "--seed")) o->seed = (uint64_t)num(a, v);
         else if (!strcmp(a, "--big")) o->big = num(a, v);
         else if (!strcmp(a, "--cublas")) o->cublas = v;
@@ -413,18 +419,23 @@ int main(int argc, char **argv)
     rq.R = Rr;
     rq.K = Kr;
     rq.mat_w = wr;
-    BENCH_CK(cudaMalloc(&p, (size_t)ws13));
-    k_fill_bf16<<<1024, 256>>>((uint16_t *)p, (size_t)ws13 / 2, o.seed * 11 + 5, 0.03f);
-    sh13.w = (const uint8_t *)p;
-    BENCH_CK(cudaMalloc(&p, (size_t)ws2));
-    k_fill_bf16<<<1024, 256>>>((uint16_t *)p, (size_t)ws2 / 2, o.seed * 11 + 6, 0.03f);
-    sh2.w = (const uint8_t *)p;
-    BENCH_CK(cudaMalloc(&p, (size_t)wr));
-    k_fill_bf16<<<1024, 256>>>((uint16_t *)p, (size_t)wr / 2, o.seed * 11 + 7, 0.03f);
-    rq.w = (const uint8_t *)p;
     bw.sh_mm = true;
     bw.has_shared = true;
     bw.router_mm = true;
+    /* --dense copies of the router and the shared expert (the same values in each) */
+    std::vector<cu_block_w> bws((size_t)o.dense, bw);
+    for (cu_block_w &b : bws) {
+        BENCH_CK(cudaMalloc(&p, (size_t)ws13));
+        k_fill_bf16<<<1024, 256>>>((uint16_t *)p, (size_t)ws13 / 2, o.seed * 11 + 5, 0.03f);
+        b.sh13.w = (const uint8_t *)p;
+        BENCH_CK(cudaMalloc(&p, (size_t)ws2));
+        k_fill_bf16<<<1024, 256>>>((uint16_t *)p, (size_t)ws2 / 2, o.seed * 11 + 6, 0.03f);
+        b.sh2.w = (const uint8_t *)p;
+        BENCH_CK(cudaMalloc(&p, (size_t)wr));
+        k_fill_bf16<<<1024, 256>>>((uint16_t *)p, (size_t)wr / 2, o.seed * 11 + 7, 0.03f);
+        b.router_q.w = (const uint8_t *)p;
+    }
+    BENCH_CK(cudaGetLastError());
     cu_block_shape shape;
     memset(&shape, 0, sizeof shape);
     shape.H = H;
@@ -513,8 +524,8 @@ int main(int argc, char **argv)
     /* ---- cuBLAS baseline data ---- */
     blas bl;
     const bool have_blas = !o.no_cublas && blas_open(&bl, o.cublas, s, ws.s2);
-    uint16_t *bw13 = NULL, *bw2 = NULL, *bsh13 = NULL, *bsh2 = NULL, *xb = NULL, *ab = NULL, *shab = NULL;
-    uint16_t *brouter = NULL;
+    uint16_t *bw13 = NULL, *bw2 = NULL, *xb = NULL, *ab = NULL, *shab = NULL;
+    std::vector<uint16_t *> brouter((size_t)o.dense), bsh13((size_t)o.dense), bsh2((size_t)o.dense);
     float *h13 = NULL, *shh = NULL;
     std::vector<void **> parr_w13((size_t)o.sets), parr_x((size_t)o.sets), parr_h((size_t)o.sets),
         parr_w2((size_t)o.sets), parr_a((size_t)o.sets), parr_y((size_t)o.sets);
@@ -524,12 +535,14 @@ int main(int argc, char **argv)
         BENCH_CK(cudaMalloc(&bw2, (size_t)(E * H * il) * 2));
         k_dequant_like<<<2048, 256>>>(bw13, (size_t)(E * 2 * il * H), o.seed * 13 + 1);
         k_dequant_like<<<2048, 256>>>(bw2, (size_t)(E * H * il), o.seed * 13 + 2);
-        BENCH_CK(cudaMalloc(&brouter, (size_t)((E + 1) * H) * 2));
-        k_fill_bf16<<<1024, 256>>>(brouter, (size_t)((E + 1) * H), 5, 0.03f);
-        BENCH_CK(cudaMalloc(&bsh13, (size_t)(2 * isl * H) * 2));
-        BENCH_CK(cudaMalloc(&bsh2, (size_t)(H * isl) * 2));
-        k_fill_bf16<<<1024, 256>>>(bsh13, (size_t)(2 * isl * H), 3, 0.03f);
-        k_fill_bf16<<<1024, 256>>>(bsh2, (size_t)(H * isl), 4, 0.03f);
+        for (int d = 0; d < o.dense; d++) {
+            BENCH_CK(cudaMalloc(&brouter[(size_t)d], (size_t)((E + 1) * H) * 2));
+            k_fill_bf16<<<1024, 256>>>(brouter[(size_t)d], (size_t)((E + 1) * H), 5, 0.03f);
+            BENCH_CK(cudaMalloc(&bsh13[(size_t)d], (size_t)(2 * isl * H) * 2));
+            BENCH_CK(cudaMalloc(&bsh2[(size_t)d], (size_t)(H * isl) * 2));
+            k_fill_bf16<<<1024, 256>>>(bsh13[(size_t)d], (size_t)(2 * isl * H), 3, 0.03f);
+            k_fill_bf16<<<1024, 256>>>(bsh2[(size_t)d], (size_t)(H * isl), 4, 0.03f);
+        }
         BENCH_CK(cudaMalloc(&xb, (size_t)(C * H) * 2));
         BENCH_CK(cudaMalloc(&h13, (size_t)(Mb * k * 2 * il) * 4));
         BENCH_CK(cudaMalloc(&ab, (size_t)(Mb * k * il) * 2));
@@ -575,17 +588,19 @@ int main(int argc, char **argv)
         auto enqueue = [&](int part, int si) {
             cu_block_ws wsi = ws;
             wsi.ids = sets[(size_t)si];
+            const size_t dc = (size_t)(si % o.dense); /* this call's router and shared expert */
+            const cu_block_w &bwd = bws[dc];
             if (part == 0) {
                 /* the engine's block with these routes; the routing kernel still runs at
                  * its place on the router's logits (its routes discarded), so that its
                  * cost is counted */
                 wsi.ids_discard = ids_scratch;
                 wsi.wts_discard = wts_scratch;
-                TRYE(cu_moe_block(&shape, &bw, &wsi, CU_BLOCK_MOE, true, M, &err), err);
+                TRYE(cu_moe_block(&shape, &bwd, &wsi, CU_BLOCK_MOE, true, M, &err), err);
             } else if (part == 1) {
-                TRYE(cu_moe_block(&shape, &bw, &wsi, CU_BLOCK_ROUTED, true, M, &err), err);
+                TRYE(cu_moe_block(&shape, &bwd, &wsi, CU_BLOCK_ROUTED, true, M, &err), err);
             } else if (part == 3) {
-                TRYE(cu_moe_block(&shape, &bw, &wsi, CU_BLOCK_ROUTER, false, M, &err), err);
+                TRYE(cu_moe_block(&shape, &bwd, &wsi, CU_BLOCK_ROUTER, false, M, &err), err);
             } else if (part == 4) {
                 TRYE(cu_moe_route(ws.logits, ws.lg_ld, M, E, k, true, ids_scratch, wts_scratch, o.generic, false, s, &err), err);
             } else {
@@ -597,11 +612,11 @@ int main(int argc, char **argv)
                 /* the shared expert on the second stream from here on, as in the engine */
                 BENCH_CK(cudaEventRecord(ws.ev_fork, s));
                 BENCH_CK(cudaStreamWaitEvent(ws.s2, ws.ev_fork, 0));
-                gemm_rowmajor(bl.h2, &bl, bsh13, xb, shh, (int)(2 * isl), (int)M, (int)H);
+                gemm_rowmajor(bl.h2, &bl, bsh13[dc], xb, shh, (int)(2 * isl), (int)M, (int)H);
                 k_swiglu_bf16<<<(unsigned)((M * isl + 255) / 256), 256, 0, ws.s2>>>(shh, shab, M, isl);
-                gemm_rowmajor(bl.h2, &bl, bsh2, shab, ws.sh_out, (int)H, (int)M, (int)isl);
+                gemm_rowmajor(bl.h2, &bl, bsh2[dc], shab, ws.sh_out, (int)H, (int)M, (int)isl);
                 BENCH_CK(cudaEventRecord(ws.ev_join, ws.s2));
-                gemm_rowmajor(bl.h, &bl, brouter, xb, ws.logits, (int)(E + 1), (int)M, (int)H);
+                gemm_rowmajor(bl.h, &bl, brouter[dc], xb, ws.logits, (int)(E + 1), (int)M, (int)H);
                 TRYE(cu_moe_route(ws.logits, ws.lg_ld, M, E, k, true, ids_scratch, wts_scratch, o.generic, false, s, &err), err);
                 BL(bl.gemm_batched(bl.h, CUBLAS_OP_T, CUBLAS_OP_N, (int)(2 * il), 1, (int)H, &one,
                                    (const void *const *)parr_w13[(size_t)si], CUDA_R_16BF, (int)H,
@@ -727,10 +742,11 @@ int main(int argc, char **argv)
         int64_t run;
         TRYE(td_db_run_begin(db, &info, &run, &err), err);
         for (const row &r : rows) {
-            char shape[96], bigs[32] = "";
+            char shape[128], bigs[32] = "", dense[32] = "";
             if (o.big) snprintf(bigs, sizeof bigs, ".big%lld", (long long)o.big);
-            snprintf(shape, sizeof shape, "M%lld.h%lld.e%lld.i%lld.k%lld%s", (long long)r.M, (long long)H,
-                     (long long)E, (long long)il, (long long)k, bigs);
+            if (o.dense > 1) snprintf(dense, sizeof dense, ".dense%d", o.dense);
+            snprintf(shape, sizeof shape, "M%lld.h%lld.e%lld.i%lld.k%lld%s%s", (long long)r.M, (long long)H,
+                     (long long)E, (long long)il, (long long)k, bigs, dense);
             const struct {
                 const char *bench;
                 double v;
