@@ -17,7 +17,8 @@
  * copies likewise), route set i's call taking copy i mod N, so that L2 does not hold those
  * between calls either, as in a model whose layers each have their own (default 8; --dense 1:
  * one copy, as the benches before this option, which let the block keep some of them in L2).
- * The shapes stored to --db get ".denseN" for N > 1.
+ * At most --sets copies are made (more would never be used); the shapes stored to --db get
+ * ".denseN" for the copies made, N > 1.
  *
  * Per M, one CUDA graph per route set is captured and the graphs are replayed in rotation;
  * each call is bracketed by events and the median over `--iters` calls is reported (and,
@@ -422,8 +423,10 @@ int main(int argc, char **argv)
     bw.sh_mm = true;
     bw.has_shared = true;
     bw.router_mm = true;
-    /* --dense copies of the router and the shared expert (the same values in each) */
-    std::vector<cu_block_w> bws((size_t)o.dense, bw);
+    /* --dense copies of the router and the shared expert (the same values in each); no more
+     * than the route sets, as set i takes copy i mod the count */
+    const int ndense = std::min(o.dense, o.sets);
+    std::vector<cu_block_w> bws((size_t)ndense, bw);
     for (cu_block_w &b : bws) {
         BENCH_CK(cudaMalloc(&p, (size_t)ws13));
         k_fill_bf16<<<1024, 256>>>((uint16_t *)p, (size_t)ws13 / 2, o.seed * 11 + 5, 0.03f);
@@ -525,7 +528,7 @@ int main(int argc, char **argv)
     blas bl;
     const bool have_blas = !o.no_cublas && blas_open(&bl, o.cublas, s, ws.s2);
     uint16_t *bw13 = NULL, *bw2 = NULL, *xb = NULL, *ab = NULL, *shab = NULL;
-    std::vector<uint16_t *> brouter((size_t)o.dense), bsh13((size_t)o.dense), bsh2((size_t)o.dense);
+    std::vector<uint16_t *> brouter((size_t)ndense), bsh13((size_t)ndense), bsh2((size_t)ndense);
     float *h13 = NULL, *shh = NULL;
     std::vector<void **> parr_w13((size_t)o.sets), parr_x((size_t)o.sets), parr_h((size_t)o.sets),
         parr_w2((size_t)o.sets), parr_a((size_t)o.sets), parr_y((size_t)o.sets);
@@ -535,7 +538,7 @@ int main(int argc, char **argv)
         BENCH_CK(cudaMalloc(&bw2, (size_t)(E * H * il) * 2));
         k_dequant_like<<<2048, 256>>>(bw13, (size_t)(E * 2 * il * H), o.seed * 13 + 1);
         k_dequant_like<<<2048, 256>>>(bw2, (size_t)(E * H * il), o.seed * 13 + 2);
-        for (int d = 0; d < o.dense; d++) {
+        for (int d = 0; d < ndense; d++) {
             BENCH_CK(cudaMalloc(&brouter[(size_t)d], (size_t)((E + 1) * H) * 2));
             k_fill_bf16<<<1024, 256>>>(brouter[(size_t)d], (size_t)((E + 1) * H), 5, 0.03f);
             BENCH_CK(cudaMalloc(&bsh13[(size_t)d], (size_t)(2 * isl * H) * 2));
@@ -588,7 +591,7 @@ int main(int argc, char **argv)
         auto enqueue = [&](int part, int si) {
             cu_block_ws wsi = ws;
             wsi.ids = sets[(size_t)si];
-            const size_t dc = (size_t)(si % o.dense); /* this call's router and shared expert */
+            const size_t dc = (size_t)(si % ndense); /* this call's router and shared expert */
             const cu_block_w &bwd = bws[dc];
             if (part == 0) {
                 /* the engine's block with these routes; the routing kernel still runs at
@@ -744,7 +747,7 @@ int main(int argc, char **argv)
         for (const row &r : rows) {
             char shape[128], bigs[32] = "", dense[32] = "";
             if (o.big) snprintf(bigs, sizeof bigs, ".big%lld", (long long)o.big);
-            if (o.dense > 1) snprintf(dense, sizeof dense, ".dense%d", o.dense);
+            if (ndense > 1) snprintf(dense, sizeof dense, ".dense%d", ndense);
             snprintf(shape, sizeof shape, "M%lld.h%lld.e%lld.i%lld.k%lld%s%s", (long long)r.M, (long long)H,
                      (long long)E, (long long)il, (long long)k, bigs, dense);
             const struct {
