@@ -451,11 +451,24 @@ struct mm_regs {
     uint32_t s_lo[PF], s_hi[PF];
 };
 
-/* Issue the loads of steps [base, base + n) of row tile rt of matrix `mat` (n <= PF). */
+/* A read-only 16-byte load tagged with an L2 cache policy (cu_policy_evict_first). */
+__device__ __forceinline__ uint4 ldg_policy(const uint4 *p, uint64_t pol)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+    return v;
+}
+/* Issue the loads of steps [base, base + n) of row tile rt of matrix `mat` (n <= PF). With
+ * `ef`, BF16 weights are tagged evict-first in L2: a decode-sized call (the router and the
+ * shared expert) reads each weight once, so they need not displace what the block reads again
+ * (docs/perf.md, "The router's and the shared expert's weights evict-first in L2"). A hint:
+ * the values loaded are the same. */
 template <int WK, int PF>
 __device__ __forceinline__ void mm_load(const cu_qmat &W, int64_t KS, int64_t mat, int64_t rt, int base, int n, int lane,
-                                        mm_regs<PF> &r)
+                                        mm_regs<PF> &r, bool ef)
 {
+    const uint64_t pol = WK == 2 && ef ? cu_policy_evict_first() : 0;
     const int g = lane >> 2;
     const uint8_t *wbase = W.w + mat * W.mat_w;
     const uint8_t *sbase = WK < 2 ? W.s + mat * W.mat_s : nullptr;
@@ -468,8 +481,13 @@ __device__ __forceinline__ void mm_load(const cu_qmat &W, int64_t KS, int64_t ma
                 r.wq[i] = __ldg(reinterpret_cast<const uint2 *>(wbase) + step * 32 + lane);
             } else {
                 const uint4 *p = reinterpret_cast<const uint4 *>(wbase) + (step * 32 + lane) * 2;
-                r.wd[i][0] = __ldg(p);
-                r.wd[i][1] = __ldg(p + 1);
+                if (ef) {
+                    r.wd[i][0] = ldg_policy(p, pol);
+                    r.wd[i][1] = ldg_policy(p + 1, pol);
+                } else {
+                    r.wd[i][0] = __ldg(p);
+                    r.wd[i][1] = __ldg(p + 1);
+                }
             }
             if (WK == 0) {
                 const uint2 v = __ldg(reinterpret_cast<const uint2 *>(sbase) + step * 8 + g);
@@ -592,7 +610,8 @@ __device__ __forceinline__ void mm_chunk(const mm_args &a, int64_t mat, int64_t 
     for (int base = k0;; base += PF) {
         const int n = k1 - base < PF ? (k1 > base ? k1 - base : 0) : PF;
         mm_regs<PF> r;
-        mm_load<WK, PF>(a.c.W, a.geo.KS, mat, rt, base, n, lane, r);
+        /* decode-sized calls read each BF16 weight once: evict-first */
+        mm_load<WK, PF>(a.c.W, a.geo.KS, mat, rt, base, n, lane, r, a.split != 0);
         if (stage && base == k0) { /* while the weights load */
             if (early) { /* the first weights were issued before the previous kernel ended */
                 cu_pdl_wait();
@@ -918,7 +937,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32, 2) k_gemm(mm_args a)
         for (int base = k0; live && base < k1; base += GM_PF) {
             const int n = k1 - base < GM_PF ? k1 - base : GM_PF;
             mm_regs<GM_PF> r;
-            mm_load<2, GM_PF>(c.W, KS, mat, rt, base, n, lane, r);
+            mm_load<2, GM_PF>(c.W, KS, mat, rt, base, n, lane, r, false);
 #pragma unroll
             for (int i = 0; i < GM_PF; i++) {
                 if (i >= n) break;
