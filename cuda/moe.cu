@@ -705,42 +705,54 @@ __device__ __forceinline__ void from16x4(uint2 v, int act, float f[4])
     f[3] = from16(v.y >> 16, act);
 }
 
-/* CPT floats at index i (a multiple of CPT) of an array held as 16-bit act patterns (U16) or
- * as float. */
-template <int CPT, bool U16>
-__device__ __forceinline__ void load_n(const void *p, int64_t i, int act, float y[CPT])
-{
-    if (U16) {
-        const uint16_t *u = (const uint16_t *)p + i;
-        if (CPT == 4) {
-            from16x4(__ldg((const uint2 *)u), act, y);
-        } else {
-#pragma unroll
-            for (int c = 0; c < CPT; c++) y[c] = from16(__ldg((const unsigned short *)u + c), act);
-        }
-    } else {
-        const float *f = (const float *)p + i;
-        if (CPT == 4) {
-            const float4 v = __ldg((const float4 *)f);
-            y[0] = v.x;
-            y[1] = v.y;
-            y[2] = v.z;
-            y[3] = v.w;
-        } else {
-#pragma unroll
-            for (int c = 0; c < CPT; c++) y[c] = __ldg(f + c);
-        }
+/* CPT values at index i (a multiple of CPT) of an array held as 16-bit act patterns (U16) or
+ * as float, loaded (ld) apart from their conversion to float (cvt): the conversion of a 16-bit
+ * pattern depends on act, and a branch on it between two loads would keep the compiler from
+ * issuing the loads together. */
+template <int CPT, bool U16> struct raw_n;
+template <> struct raw_n<1, true> {
+    uint32_t v;
+    __device__ __forceinline__ void ld(const void *p, int64_t i) { v = __ldg((const uint16_t *)p + i); }
+    __device__ __forceinline__ void cvt(int act, float y[1]) const { y[0] = from16(v, act); }
+};
+template <> struct raw_n<4, true> {
+    uint2 v;
+    __device__ __forceinline__ void ld(const void *p, int64_t i) { v = __ldg((const uint2 *)((const uint16_t *)p + i)); }
+    __device__ __forceinline__ void cvt(int act, float y[4]) const { from16x4(v, act, y); }
+};
+template <> struct raw_n<1, false> {
+    float v;
+    __device__ __forceinline__ void ld(const void *p, int64_t i) { v = __ldg((const float *)p + i); }
+    __device__ __forceinline__ void cvt(int, float y[1]) const { y[0] = v; }
+};
+template <> struct raw_n<4, false> {
+    float4 v;
+    __device__ __forceinline__ void ld(const void *p, int64_t i) { v = __ldg((const float4 *)((const float *)p + i)); }
+    __device__ __forceinline__ void cvt(int, float y[4]) const
+    {
+        y[0] = v.x;
+        y[1] = v.y;
+        y[2] = v.z;
+        y[3] = v.w;
     }
-}
+};
 
 /* From this many tokens on, the combine takes four columns per thread (blocks of 128 threads),
  * below one column (blocks of 256): at decode sizes the latency of one thread's loads counts,
  * at prefill sizes the number of requests. */
 #define COMBINE_WIDE_M 64
+/* Slots whose weights and outputs the combine loads before it adds any of them (the
+ * production top-10 in one batch). */
+#define COMBINE_BATCH 16
 
 /* The combine (moe.cuh) with CPT adjacent columns per thread (H % CPT == 0), the expert outputs
- * as 16-bit patterns (E16) or float, the shared expert's likewise (S16). The source types are
- * template parameters, so that the loop holds no branch and its loads issue together. */
+ * as 16-bit patterns (E16) or float, the shared expert's likewise (S16). With one column per
+ * thread (decode sizes) the loads of a batch of COMBINE_BATCH slots and the shared expert's
+ * gate and output are issued before any value is converted or added, so that they are in
+ * flight together: with the conversion (a branch on act) between them they went one after the
+ * other (block 0.3-0.7 us slower at M = 1..16: docs/perf.md). With four columns (prefill sizes)
+ * each slot's value is converted as it comes, eight slots unrolled: the batch there was 1%
+ * slower at M = 784. The additions keep their order either way. */
 template <int CPT, bool E16, bool S16>
 __global__ void k_combine(const float *weights, const void *eout, int64_t k, const float *sgdot, int64_t sg_ld,
                           const void *sh_out, int64_t M, int64_t H, int act, int mode, float *out)
@@ -753,20 +765,53 @@ __global__ void k_combine(const float *weights, const void *eout, int64_t k, con
     float acc[CPT];
 #pragma unroll
     for (int i = 0; i < CPT; i++) acc[i] = 0.0f;
-#pragma unroll 8
-    for (int64_t j = 0; j < k; j++) {
-        const float w = __ldg(weights + t * k + j);
-        float y[CPT];
-        load_n<CPT, E16>(eout, (t * k + j) * H + h, act, y);
+    float sgl = 0.0f;
+    raw_n<CPT, S16> ys;
+    if (CPT == 1) {
+        if (sgdot) {
+            sgl = __ldg(sgdot + t * sg_ld);
+            ys.ld(sh_out, t * H + h);
+        }
+        for (int64_t j0 = 0; j0 < k; j0 += COMBINE_BATCH) {
+            float w[COMBINE_BATCH];
+            raw_n<CPT, E16> y[COMBINE_BATCH];
 #pragma unroll
-        for (int i = 0; i < CPT; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, y[i]));
+            for (int b = 0; b < COMBINE_BATCH; b++)
+                if (j0 + b < k) {
+                    w[b] = __ldg(weights + t * k + j0 + b);
+                    y[b].ld(eout, (t * k + j0 + b) * H + h);
+                }
+#pragma unroll
+            for (int b = 0; b < COMBINE_BATCH; b++)
+                if (j0 + b < k) {
+                    float v[CPT];
+                    y[b].cvt(act, v);
+#pragma unroll
+                    for (int i = 0; i < CPT; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w[b], v[i]));
+                }
+        }
+    } else {
+#pragma unroll 8
+        for (int64_t j = 0; j < k; j++) {
+            const float w = __ldg(weights + t * k + j);
+            raw_n<CPT, E16> y;
+            y.ld(eout, (t * k + j) * H + h);
+            float v[CPT];
+            y.cvt(act, v);
+#pragma unroll
+            for (int i = 0; i < CPT; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, v[i]));
+        }
+        if (sgdot) {
+            sgl = sgdot[t * sg_ld];
+            ys.ld(sh_out, t * H + h);
+        }
     }
     if (sgdot) {
-        const float sg = (float)(1.0 / (1.0 + exp(-(double)sgdot[t * sg_ld])));
-        float y[CPT];
-        load_n<CPT, S16>(sh_out, t * H + h, act, y);
+        const float sg = (float)(1.0 / (1.0 + exp(-(double)sgl)));
+        float v[CPT];
+        ys.cvt(act, v);
 #pragma unroll
-        for (int i = 0; i < CPT; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(sg, y[i]));
+        for (int i = 0; i < CPT; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(sg, v[i]));
     }
 #pragma unroll
     for (int i = 0; i < CPT; i++) {
