@@ -750,7 +750,7 @@ template <> struct raw_n<4, false> {
  * thread (decode sizes) the loads of a batch of COMBINE_BATCH slots and the shared expert's
  * gate and output are issued before any value is converted or added, so that they are in
  * flight together: with the conversion (a branch on act) between them they went one after the
- * other (block 0.3-0.7 us slower at M = 1..16: docs/perf.md). With four columns (prefill sizes)
+ * other (block 0.2-0.8 us slower at M = 1..16: docs/perf.md). With four columns (prefill sizes)
  * each slot's value is converted as it comes, eight slots unrolled: the batch there was 1%
  * slower at M = 784. The additions keep their order either way. */
 template <int CPT, bool E16, bool S16>

@@ -715,11 +715,12 @@ static bool is_act16(float v, td_act_dtype act)
  * output (taps, which the engine holds as FP16 / BF16 patterns: each must be a value of the
  * act dtype). fp16 and bf16, direct and grouped, one rank of two; M = 1, 5, 16, 300. Without
  * the shared expert (a second fixture, intermediate 384 > hidden 256) the same without its
- * term. */
-static void combine_case(const char *name, int64_t inter, int64_t shared)
+ * term; with top-20 routes (a third) the decode-sized combine loads its slots in two batches
+ * (COMBINE_BATCH 16). */
+static void combine_case(const char *name, int64_t inter, int64_t shared, int64_t top_k)
 {
     mf_opts o;
-    shape(&o, 31, 256, 24, 5, inter, shared);
+    shape(&o, 31, 256, 24, top_k, inter, shared);
     mf_model m;
     mf_build(&o, &m);
     if (shared) memset(m.layers[0].sh_gw.bf16, 0, (size_t)o.hidden * sizeof(uint16_t));
@@ -785,7 +786,8 @@ static void combine_case(const char *name, int64_t inter, int64_t shared)
             free(x);
             free(y);
         }
-        print_message("  combine    %-52s M = 1, 5, 16, 300: output == host combine of the taps (bits)\n", vs[vi]);
+        print_message("  combine    %-52s top-%lld, M = 1, 5, 16, 300: output == host combine of the taps (bits)\n",
+                      vs[vi], (long long)k);
         td_engine_free(e);
         td_taps_free(t);
     }
@@ -795,8 +797,9 @@ static void combine_case(const char *name, int64_t inter, int64_t shared)
 static void cuda_combine_taps(void **state)
 {
     (void)state;
-    combine_case("gpu_comb_sh", 128, 128);
-    combine_case("gpu_comb", 384, 0); /* expert activations wider than hidden: the taps' staging */
+    combine_case("gpu_comb_sh", 128, 128, 5);
+    combine_case("gpu_comb", 384, 0, 5); /* expert activations wider than hidden: the taps' staging */
+    combine_case("gpu_comb_k20", 128, 128, 20); /* more slots than one batch of the combine's loads */
 }
 
 /* The CUDA-core path (act_dtype=fp32) at a hidden size that is no multiple of 4 (BF16 experts):
