@@ -112,7 +112,8 @@ __device__ __forceinline__ void cu_bulk_copy(uint32_t dst, const void *src, uint
                  : "memory");
 }
 /* An L2 cache policy under which every access it tags is the first to be evicted: for bytes
- * read once (cu_bulk_copy_policy), so that they do not displace what is read again. */
+ * read once (cu_bulk_copy_policy, cu_ldg_policy), so that they do not displace what is read
+ * again. */
 __device__ __forceinline__ uint64_t cu_policy_evict_first(void)
 {
     uint64_t p;
@@ -127,6 +128,15 @@ __device__ __forceinline__ void cu_bulk_copy_policy(uint32_t dst, const void *sr
                  " [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
                  "l"(src), "r"(bytes), "r"(bar), "l"(policy)
                  : "memory");
+}
+/* A read-only 16-byte load (as __ldg) with an L2 cache policy (a hint: the value is the same). */
+__device__ __forceinline__ uint4 cu_ldg_policy(const uint4 *p, uint64_t policy)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(policy));
+    return v;
 }
 __device__ __forceinline__ void cu_mbar_wait(uint32_t bar, uint32_t phase)
 {

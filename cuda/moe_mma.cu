@@ -451,14 +451,6 @@ struct mm_regs {
     uint32_t s_lo[PF], s_hi[PF];
 };
 
-/* A read-only 16-byte load tagged with an L2 cache policy (cu_policy_evict_first). */
-__device__ __forceinline__ uint4 ldg_policy(const uint4 *p, uint64_t pol)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
-    return v;
-}
 /* Issue the loads of steps [base, base + n) of row tile rt of matrix `mat` (n <= PF). With
  * `ef`, BF16 weights are tagged evict-first in L2: a decode-sized call (the router and the
  * shared expert) reads each weight once, so they need not displace what the block reads again
@@ -482,8 +474,8 @@ __device__ __forceinline__ void mm_load(const cu_qmat &W, int64_t KS, int64_t ma
             } else {
                 const uint4 *p = reinterpret_cast<const uint4 *>(wbase) + (step * 32 + lane) * 2;
                 if (ef) {
-                    r.wd[i][0] = ldg_policy(p, pol);
-                    r.wd[i][1] = ldg_policy(p + 1, pol);
+                    r.wd[i][0] = cu_ldg_policy(p, pol);
+                    r.wd[i][1] = cu_ldg_policy(p + 1, pol);
                 } else {
                     r.wd[i][0] = __ldg(p);
                     r.wd[i][1] = __ldg(p + 1);
