@@ -90,6 +90,18 @@ static const char *fixture(const char *name, const mf_opts *o, mf_model *m)
 
 /* Output buffer [n] with GUARD canaries before and after, the n elements poisoned with NaN. */
 /* Defaults with the given shape and seed (one layer). */
+/* Taps of every layer's top-k ids on a ref engine (*tr) and a cuda engine (*tc), so that a
+ * test compares the routes the two chose; the caller frees both. */
+static void topk_taps(td_engine *er, td_engine *ec, td_taps **tr, td_taps **tc)
+{
+    static const char *const tp[] = {"L*.moe.topk"};
+    td_err err;
+    assert_int_equal(td_taps_new(tp, 1, tr, &err), TD_OK);
+    assert_int_equal(td_taps_new(tp, 1, tc, &err), TD_OK);
+    td_engine_set_taps(er, *tr);
+    td_engine_set_taps(ec, *tc);
+}
+
 static void shape(mf_opts *o, uint64_t seed, int64_t hidden, int64_t experts, int64_t top_k, int64_t inter,
                   int64_t shared)
 {
@@ -200,11 +212,7 @@ static void compare_s(const char *dir, const char *rv, const char *cv, double bo
     if (p >= 0) routes(p, M, k, E, ids, w);
     td_taps *tr = NULL, *tc = NULL;
     td_err err;
-    static const char *const tp[] = {"L*.moe.topk"};
-    assert_int_equal(td_taps_new(tp, 1, &tr, &err), TD_OK);
-    assert_int_equal(td_taps_new(tp, 1, &tc, &err), TD_OK);
-    td_engine_set_taps(er, tr);
-    td_engine_set_taps(ec, tc);
+    topk_taps(er, ec, &tr, &tc);
     td_block_call cr = {L, TD_BLOCK_MOE, M, x, want + GUARD, p >= 0 ? ids : NULL, p >= 0 ? w : NULL};
     td_block_call cc = cr, c2 = cr;
     cc.output = got + GUARD;
@@ -848,11 +856,7 @@ static void routing_case(const char *name, int64_t experts)
         for (int64_t i = 0; i < H; i++) x[3 * H + i] = 0.0f; /* token 3: logits all 0 */
         td_taps *tr = NULL, *tc = NULL;
         td_err err;
-        static const char *const tp[] = {"L*.moe.topk"};
-        assert_int_equal(td_taps_new(tp, 1, &tr, &err), TD_OK);
-        assert_int_equal(td_taps_new(tp, 1, &tc, &err), TD_OK);
-        td_engine_set_taps(er, tr);
-        td_engine_set_taps(ec, tc);
+        topk_taps(er, ec, &tr, &tc);
         td_block_call cr = {0, TD_BLOCK_MOE, M, x, yr, NULL, NULL};
         td_block_call cc = cr;
         cc.output = yc;
