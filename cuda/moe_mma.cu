@@ -665,25 +665,28 @@ __device__ __forceinline__ void mm_swiglu(const cu_mm_call &c, int64_t rt, int c
 
 /* Epilogue of one row tile: v[nt][e] final sums (e: 0,1 row g tokens 2q, 2q+1; 2,3 row g+8).
  * ACT: the call's act_dtype (c.act), as the kernel's template parameter so that only its
- * conversions are compiled. */
-template <int NA, int ACT>
+ * conversions are compiled. EPI: c.epi known at compile time (the decode kernel: CU_MM_SWIGLU,
+ * or CU_MM_STORE with 16-bit outputs only), so that only that epilogue is compiled; -1: read
+ * from c at run time. */
+template <int NA, int ACT, int EPI = -1>
 __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int count, const int32_t *plist,
                                             int64_t slot0, int lane, int ntn, const float v[NA][4])
 {
+    const int epi = EPI >= 0 ? EPI : c.epi;
     const int g = lane >> 2, q = lane & 3;
     /* the tile loops' bound: for up to 3 tiles (the decode kernel, k_mm) the compile-time NA (with
      * a break at ntn), so that they unroll and v stays in registers; for more (k_wgp, k_gemm)
      * ntn: unrolled over 8 tiles, k_wgp's three GEMMs at M = 784 took 3 us more each */
     const int nmax = NA <= 3 ? NA : ntn;
     if constexpr (NA <= 3) { /* the decode kernel and k_mm: SwiGLU unrolled for the tile count */
-        if (c.epi == CU_MM_SWIGLU) {
+        if (epi == CU_MM_SWIGLU) {
             if (ntn <= 1) mm_swiglu<1, NA, ACT>(c, rt, count, plist, slot0, lane, v);
             else if (NA < 3 || ntn == 2) mm_swiglu<(NA >= 2 ? 2 : 1), NA, ACT>(c, rt, count, plist, slot0, lane, v);
             else mm_swiglu<NA, NA, ACT>(c, rt, count, plist, slot0, lane, v);
             return;
         }
     }
-    if (c.epi == CU_MM_STORE && !c.out) {
+    if (epi == CU_MM_STORE && (EPI == CU_MM_STORE || !c.out)) {
         /* 16-bit only: lane g of a token writes rows 2g and 2g + 1 as one 4-byte word, so the
          * 8 lanes of a token write its 16 rows (32 bytes) in one store instead of two halves.
          * Row R is held by lane (R % 8, q) in half R / 8. */
@@ -717,7 +720,7 @@ __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int
             const int j = nt * 8 + 2 * q + t;
             if (j >= count) continue;
             const int64_t slot = plist ? plist[j] : slot0 + j;
-            if (c.epi == CU_MM_SWIGLU) {
+            if (epi == CU_MM_SWIGLU) {
                 const int64_t col = rt * 8 + g;
                 if (col >= c.out_n) continue;
                 const float h = swiglu_h<ACT>(v[nt][t], v[nt][2 + t]);
@@ -727,7 +730,7 @@ __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int
                 for (int hh = 0; hh < 2; hh++) {
                     const int64_t r = rt * 16 + g + 8 * hh;
                     if (r >= c.out_n) continue;
-                    const float x = c.epi == CU_MM_F32 ? v[nt][2 * hh + t] : round_act16(v[nt][2 * hh + t], ACT);
+                    const float x = epi == CU_MM_F32 ? v[nt][2 * hh + t] : round_act16(v[nt][2 * hh + t], ACT);
                     if (c.out) c.out[slot * c.out_ld + r] = x;
                     if (c.out16) store16(c.out16 + slot * c.out_ld + r, x, ACT);
                 }
@@ -1538,7 +1541,7 @@ __device__ __forceinline__ int dec_items(const cu_mm_call &c, int tbx)
  * (its partial sum from +0, as the whole-tile walk computes it, into its ring buffer); after a
  * block barrier the tile's chunk-0 warp adds the NC partials in chunk order from -0, scales by
  * 2^14 and stores the epilogue. The same sums in the same order, so the same bits. */
-template <int WK, int ACT, int CH>
+template <int WK, int ACT, int CH, int EPI>
 __device__ __forceinline__ void dec_tail_run(const mm_args &a, int tbx, const td_dec_split &tail, uint4 *sh,
                                              uint32_t bar_s, uint32_t *xs, int slot, uint32_t phases)
 {
@@ -1589,13 +1592,13 @@ __device__ __forceinline__ void dec_tail_run(const mm_args &a, int tbx, const td
     }
 #pragma unroll
     for (int e = 0; e < 4; e++) v[0][e] = __fmul_rn(v[0][e], 16384.0f); /* the codes' 2^-14 */
-    mm_epilogue<1, ACT>(c, rt, p.count, p.plist, p.slot0, lane, 1, v);
+    mm_epilogue<1, ACT, EPI>(c, rt, p.count, p.plist, p.slot0, lane, 1, v);
 }
 
 /* TAIL: the instantiation with the last items by chunks (NT = 1 only); the host takes the one
  * without where no block can have a tail (td_dec_tail_possible), so those launches run no
  * code of it. */
-template <int WK, int ACT, int CH, int NT, bool TAIL>
+template <int WK, int ACT, int CH, int NT, bool TAIL, int EPI>
 __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<NT>::blocks)
     k_dec(mm_args a, int tbx)
 {
@@ -1682,7 +1685,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
 #pragma unroll
                 for (int e = 0; e < 4; e++) v[nt][e] = __fmul_rn(v[nt][e], 16384.0f); /* the codes' 2^-14 */
             const int ntn = (cur.count + 7) / 8;
-            mm_epilogue<NT, ACT>(c, rt, cur.count, cur.plist, cur.slot0, lane, ntn < NT ? ntn : NT, v);
+            mm_epilogue<NT, ACT, EPI>(c, rt, cur.count, cur.plist, cur.slot0, lane, ntn < NT ? ntn : NT, v);
         }
         if (it + 1 < it1) {
             const dec_pos nxt = dec_next(a, cur, tbx);
@@ -1693,7 +1696,7 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
             cur = nxt;
         }
     }
-    if (TAIL && tail.tail_n > 0) dec_tail_run<WK, ACT, CH>(a, tbx, tail, dec_sh, bar_s, xs, slot, phases);
+    if (TAIL && tail.tail_n > 0) dec_tail_run<WK, ACT, CH, EPI>(a, tbx, tail, dec_sh, bar_s, xs, slot, phases);
 }
 
 /* k_group's slot-id array, padded past its end (to a multiple of 4 words, plus 4) so that the
@@ -1959,17 +1962,30 @@ static cudaError_t set_wgp_smem(void)
                                 WP_STAGES * wp_stage_bytes(ACT, WG));
 }
 
+/* The epilogue instances of one k_dec shape (dec_kernel). */
+template <int WK, int ACT, int CH, int NT, bool TAIL>
+static cudaError_t set_dec_epis(void)
+{
+    if constexpr (WK == 1) {
+        return cudaFuncSetAttribute(k_dec<WK, ACT, CH, NT, TAIL, -1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    DEC_SMEM_MAX);
+    } else {
+        cudaError_t e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, NT, TAIL, CU_MM_SWIGLU>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, NT, TAIL, CU_MM_STORE>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
+        return e;
+    }
+}
+
 template <int WK, int ACT, int CH>
 static cudaError_t set_dec_smem(void)
 {
-    cudaError_t e =
-        cudaFuncSetAttribute(k_dec<WK, ACT, CH, 1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, 3, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
+    cudaError_t e = set_dec_epis<WK, ACT, CH, 1, false>();
+    if (e == cudaSuccess) e = set_dec_epis<WK, ACT, CH, 1, true>();
+    if (e == cudaSuccess) e = set_dec_epis<WK, ACT, CH, 2, false>();
+    if (e == cudaSuccess) e = set_dec_epis<WK, ACT, CH, 3, false>();
     return e;
 }
 
@@ -2076,11 +2092,22 @@ static td_status launch(const mm_args &a, dim3 grid, cudaStream_t s, td_err *err
     return TD_OK;
 }
 
-/* k_dec's instantiation: with the tail's code for one tile only. */
+/* k_dec's instantiation: with the tail's code for one tile only; for prepared storage the
+ * call's epilogue compiled in (launch_dec admits CU_MM_SWIGLU and 16-bit-only CU_MM_STORE), so
+ * that neither instance carries the other's code (W2's kernel 2,200 machine instructions
+ * instead of 3,032; block 0.3-3 us faster at decode sizes). Raw storage keeps one instance
+ * that reads the epilogue at run time: specialised, its W13 kernel was compiled to 72
+ * registers instead of 79 and the block ran 0.7-2% slower (docs/perf.md). */
 template <int WK, int ACT, int CH, int NT, bool TAIL>
-static void (*dec_kernel(void))(mm_args, int)
+static void (*dec_kernel(int epi))(mm_args, int)
 {
-    return k_dec<WK, ACT, CH, NT, NT == 1 && TAIL>;
+    if constexpr (WK == 1) {
+        (void)epi;
+        return k_dec<WK, ACT, CH, NT, NT == 1 && TAIL, -1>;
+    } else {
+        if (epi == CU_MM_SWIGLU) return k_dec<WK, ACT, CH, NT, NT == 1 && TAIL, CU_MM_SWIGLU>;
+        return k_dec<WK, ACT, CH, NT, NT == 1 && TAIL, CU_MM_STORE>;
+    }
 }
 
 template <int WK, int ACT, int CH, int NT>
@@ -2112,7 +2139,10 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
          * the safe choice (and n need not fit an int) */
         tail = n > items || td_dec_tail_possible((int)n, !a.c.perm, a.geo.NC, DW, (int)grid);
     }
-    void (*const kern)(mm_args, int) = tail ? dec_kernel<WK, ACT, CH, NT, true>() : dec_kernel<WK, ACT, CH, NT, false>();
+    if (!(a.c.epi == CU_MM_SWIGLU || (a.c.epi == CU_MM_STORE && !a.c.out)))
+        return td_err_set(err, TD_ERR_INTERNAL, "cuda moe: epilogue %d with float outputs on the decode kernel", a.c.epi);
+    void (*const kern)(mm_args, int) =
+        tail ? dec_kernel<WK, ACT, CH, NT, true>(a.c.epi) : dec_kernel<WK, ACT, CH, NT, false>(a.c.epi);
     /* A grid that needs fewer blocks per SM than fit: the block scheduler may still stack two
      * or three of its blocks on one SM while other SMs idle (measured in the block's graph,
      * the shared expert running beside: W13's 100 blocks at M = 1 on 91 SMs, 9 of them with
