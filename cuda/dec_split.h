@@ -66,4 +66,28 @@ TD_DEC_FN int td_dec_tail_possible(int n_items, int exact, int NC, int DW, int B
     return s.tail_n > 0;
 }
 
+/* Chunks the busiest warp of a one-tile launch walks one after the other (the launch's length
+ * in rounds of chunk transfers): q whole items of NC chunks and one chunk of the tail where
+ * td_dec_split_of takes one, else ceil(n_items / B) items of NC chunks. */
+TD_DEC_FN int td_dec_rounds(int n_items, int NC, int DW, int B)
+{
+    if (n_items <= 0) return 0;
+    td_dec_split s;
+    td_dec_split_of(n_items, NC, DW, B, 0, &s);
+    if (s.tail_n > 0) return (s.it1 - s.it0) * NC + 1;
+    return (n_items + B - 1) / B * NC;
+}
+
+/* Whether the routed W2 with the combine fused in (k_w2c: an item is one token x one row tile,
+ * walked by k warps, one per slot, NC chunks each; equal ranges over its G blocks) takes no
+ * more rounds than k_dec's W2 (an item is one slot x DW row tiles: tokens k ceil(RT / DW)
+ * items over B blocks, td_dec_rounds), so that saving the combine's launch does not lengthen
+ * W2. The launch it saves is worth about 1 us at decode sizes, and one round of W2's chunks
+ * more cost more than that in every case measured (docs/cuda.md). */
+TD_DEC_FN int td_w2c_pays(int tokens, int k, int RT, int NC, int DW, int B, int G)
+{
+    const int items = tokens * RT, w2c = items <= 0 ? 0 : (items + G - 1) / G * NC;
+    return w2c <= td_dec_rounds(tokens * k * ((RT + DW - 1) / DW), NC, DW, B);
+}
+
 #endif /* TD_CUDA_DEC_SPLIT_H */

@@ -5,6 +5,7 @@
  * choose the grid, launch on the caller's stream and check the launch.
  */
 #include "moe.cuh"
+#include "combine.cuh"
 
 /* Warps per block of the dot-product kernels: 8 warps give every scheduler of an SM two
  * warps to switch between while one waits on a weight load. */
@@ -690,11 +691,8 @@ __global__ void k_w2(cu_lin down, int64_t c0, int64_t il, const int32_t *ids, co
     if (lane == 0) y[s * H + h] = round_act(acc[0], act);
 }
 
-/* A 16-bit act value (FP16 bits for act 1, BF16 bits for act 2) as float: exact. */
-__device__ __forceinline__ float from16(uint32_t u, int act)
-{
-    return act == 1 ? __half2float(__ushort_as_half((unsigned short)u)) : __uint_as_float(u << 16);
-}
+/* A 16-bit act value as float: exact (combine.cuh). */
+__device__ __forceinline__ float from16(uint32_t u, int act) { return cu_from16(u, act); }
 
 /* The four values of an 8-byte load of 16-bit patterns, in address order. */
 __device__ __forceinline__ void from16x4(uint2 v, int act, float f[4])
@@ -787,7 +785,7 @@ __global__ void k_combine(const float *weights, const void *eout, int64_t k, con
                     float v[CPT];
                     y[b].cvt(act, v);
 #pragma unroll
-                    for (int i = 0; i < CPT; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w[b], v[i]));
+                    for (int i = 0; i < CPT; i++) acc[i] = cu_combine_add(acc[i], w[b], v[i]);
                 }
         }
     } else {
@@ -799,7 +797,7 @@ __global__ void k_combine(const float *weights, const void *eout, int64_t k, con
             float v[CPT];
             y.cvt(act, v);
 #pragma unroll
-            for (int i = 0; i < CPT; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, v[i]));
+            for (int i = 0; i < CPT; i++) acc[i] = cu_combine_add(acc[i], w, v[i]);
         }
         if (sgdot) {
             sgl = sgdot[t * sg_ld];
@@ -807,11 +805,11 @@ __global__ void k_combine(const float *weights, const void *eout, int64_t k, con
         }
     }
     if (sgdot) {
-        const float sg = (float)(1.0 / (1.0 + exp(-(double)sgl)));
+        const float sg = cu_combine_gate(sgl);
         float v[CPT];
         ys.cvt(act, v);
 #pragma unroll
-        for (int i = 0; i < CPT; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(sg, v[i]));
+        for (int i = 0; i < CPT; i++) acc[i] = cu_combine_add(acc[i], sg, v[i]);
     }
 #pragma unroll
     for (int i = 0; i < CPT; i++) {

@@ -29,8 +29,9 @@
  *   NaN by k rounds of arg-best. Both kernels give the same bits. Renormalization adds the k
  *   weights in slot order and divides. At most 4096 experts.
  * - SwiGLU: h = fl32(silu(g) * u), silu in double rounded once, then rounded to act_dtype.
- * - Combine (cu_moe_combine): per (token, column): sum over slots j = 0..k-1 in order of
- *   fl32(w_j * y_j), then + fl32(sg * y_s), from +0, rounded to act_dtype; with several TP
+ * - Combine (cu_moe_combine; the arithmetic in combine.cuh, which the routed W2 with the
+ *   combine fused in, cu_mm_w2c, shares): per (token, column): sum over slots j = 0..k-1 in
+ *   order of fl32(w_j * y_j), then + fl32(sg * y_s), from +0, rounded to act_dtype; with several TP
  *   ranks on one device the rank outputs are added in rank order. The expert outputs y_j (and
  *   the shared expert's y_s) are read as float32 or, from the tensor-core path, as the FP16 /
  *   BF16 bit patterns of the same act-rounded values (exact: the same sums, the same bits);

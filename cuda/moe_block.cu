@@ -32,13 +32,13 @@ static void mm_range_groups(cu_mm_call *m, int64_t M)
     m->max_groups = (M + m->pack - 1) / m->pack;
 }
 
-/* W13 + SwiGLU then W2 of one rank on the tensor-core path, both written as 16-bit patterns
- * only (act16, y16). ids == NULL with pack > 1: range groups over the tokens (shared expert).
+/* The calls of W13 + SwiGLU (m13) then W2 (m2) of one rank on the tensor-core path, both
+ * written as 16-bit patterns only (act16, y16); mm_expert launches them. ids == NULL with pack > 1: range groups over the tokens (shared expert).
  * x_nst > 0: ws->sp_x holds the input in k_wgp's layout of x_nst stages (cu_mm_round_split),
  * which the shared W13 takes when it runs on k_wgp with that layout. */
-static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, const cu_qmat *w13, const cu_qmat *w2,
-                           int ri, int64_t mats, bool routed_slots, bool grouped, int64_t Mc, int64_t il,
-                           uint16_t *act16, uint16_t *y16, bool pdl, int x_nst, cudaStream_t s, td_err *err)
+static void mm_expert_calls(const cu_block_shape *sh, const cu_block_ws *ws, const cu_qmat *w13, const cu_qmat *w2,
+                            int ri, int64_t mats, bool routed_slots, bool grouped, int64_t Mc, int64_t il,
+                            uint16_t *act16, uint16_t *y16, bool pdl, int x_nst, cu_mm_call *m13, cu_mm_call *m2)
 {
     const int64_t H = sh->H, k = sh->k;
     cu_mm_call m;
@@ -71,8 +71,7 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
             m.presplit = 1;
         }
     }
-    td_status st = cu_mm(&m, s, err);
-    if (st) return st;
+    *m13 = m;
     m.W = *w2;
     m.in16 = act16;
     m.in_ld = il;
@@ -88,7 +87,44 @@ static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, cons
     /* W2's routes and groups predate W13: its weights can load while W13 runs (the routed
      * experts' decode kernel; the shared expert's W2 waits first) */
     m.pdl = routed_slots ? 1 : 2;
-    return cu_mm(&m, s, err);
+    *m2 = m;
+}
+
+static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, const cu_qmat *w13, const cu_qmat *w2,
+                           int ri, int64_t mats, bool routed_slots, bool grouped, int64_t Mc, int64_t il,
+                           uint16_t *act16, uint16_t *y16, bool pdl, int x_nst, cudaStream_t s, td_err *err)
+{
+    cu_mm_call m13, m2;
+    mm_expert_calls(sh, ws, w13, w2, ri, mats, routed_slots, grouped, Mc, il, act16, y16, pdl, x_nst, &m13, &m2);
+    const td_status st = cu_mm(&m13, s, err);
+    return st ? st : cu_mm(&m2, s, err);
+}
+
+/* The combine's inputs and output for W2 with the combine fused in (cu_mm_w2c). */
+static cu_w2c_args w2c_args(const cu_block_shape *sh, const cu_block_w *ly, const cu_block_ws *c)
+{
+    cu_w2c_args cb;
+    memset(&cb, 0, sizeof cb);
+    cb.wts = c->wts;
+    if (ly->has_shared) {
+        cb.sgdot = c->logits + sh->E;
+        cb.sg_ld = c->lg_ld;
+        if (ly->sh_mm) cb.sh16 = c->sh_out16;
+        else cb.sh32 = c->sh_out;
+    }
+    cb.out = c->out;
+    cb.H = sh->H;
+    cb.k = sh->k;
+    return cb;
+}
+
+/* Whether the routed W2 call m2 of this block takes the combine fused in (one TP rank, direct
+ * dispatch on the decode kernel, top-k <= W2C_MAX_K; not with kernels=generic, whose k_mm and
+ * k_combine are the exact pair that checks it; not where the bench asks for the separate
+ * combine). */
+static bool w2c_fused(const cu_block_shape *sh, const cu_mm_call *m2)
+{
+    return sh->tp_rank >= 0 && !sh->separate_combine && cu_mm_w2c_fits(m2, sh->k);
 }
 
 /* Grouped dispatch: sort the call's slots by expert into packs (cu_mm_group) of the size the
@@ -150,9 +186,17 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
         if (!ly->mm)
             return td_err_set(err, TD_ERR_UNSUPPORTED, "cuda moe: the routed part alone runs on the tensor-core path only");
         if (sh->grouped) st = group_slots(sh, ly, c, Mc, false, err);
-        if (!st) st = mm_expert(sh, c, &ly->w13, &ly->w2, 0, sh->nr, true, sh->grouped, Mc, il, c->act16, c->eout16,
-                                sh->grouped, 0, s, err);
-        return st;
+        if (st) return st;
+        cu_mm_call m13, m2;
+        mm_expert_calls(sh, c, &ly->w13, &ly->w2, 0, sh->nr, true, sh->grouped, Mc, il, c->act16, c->eout16,
+                        sh->grouped, 0, &m13, &m2);
+        st = cu_mm(&m13, s, err);
+        if (st) return st;
+        if (w2c_fused(sh, &m2)) { /* as the block runs it: W2 with its combine */
+            const cu_w2c_args cb = w2c_args(sh, ly, c);
+            return cu_mm_w2c(&m2, &cb, s, err);
+        }
+        return cu_mm(&m2, s, err);
     }
     const bool all = sh->tp_rank < 0;
     const int r0 = all ? 0 : sh->tp_rank, r1 = all ? T : sh->tp_rank + 1;
@@ -220,9 +264,23 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
             pending = true;
             if (st) break;
         }
+        bool fused = false; /* W2 took the combine */
         if (ly->mm) {
-            st = mm_expert(sh, c, &ly->w13, &ly->w2, ri, sh->nr, true, grouped, Mc, il, c->act16, c->eout16, true, 0, s,
-                           err);
+            cu_mm_call m13, m2;
+            mm_expert_calls(sh, c, &ly->w13, &ly->w2, ri, sh->nr, true, grouped, Mc, il, c->act16, c->eout16, true, 0,
+                            &m13, &m2);
+            fused = w2c_fused(sh, &m2);
+            st = cu_mm(&m13, s, err);
+            if (fused) { /* the combine inside W2 reads the shared expert's output: join before it */
+                if (pending) {
+                    st = shared_join(c, st, err);
+                    pending = false;
+                }
+                const cu_w2c_args cb = w2c_args(sh, ly, c);
+                if (!st) st = cu_mm_w2c(&m2, &cb, s, err);
+            } else if (!st) {
+                st = cu_mm(&m2, s, err);
+            }
         } else {
             st = cu_moe_w13(ly->gate, ly->up, r * il, il, c->ids, k, Mc * k, c->xa, H, act, c->act, s, err);
             if (!st) st = cu_moe_w2(ly->down, r * il, il, c->ids, Mc * k, c->act, H, act, c->eout, s, err);
@@ -231,7 +289,7 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
             st = shared_join(c, st, err);
             pending = false;
         }
-        if (!st)
+        if (!st && !fused)
             st = cu_moe_combine(c->wts, c->eout, ly->mm ? c->eout16 : NULL, k, ly->has_shared ? c->logits + E : NULL, lg,
                                 c->sh_out, ly->sh_mm ? c->sh_out16 : NULL, Mc, H, act, r == r0 ? 0 : 1,
                                 c->out, true, s, err);

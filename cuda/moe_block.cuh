@@ -3,14 +3,18 @@
  * times, so that the bench measures exactly the engine's path.
  *
  * The sequence (on ws->s; the shared expert on ws->s2 between a fork after the round and a
- * join before the combine, so it overlaps the router, the routing and the routed experts):
+ * join before the combine, or before W2 where W2 takes the combine, so it overlaps the router,
+ * the routing and the routed experts):
  *   round x to act (plus the 16-bit copy on the tensor-core path)
  *   router logits and the shared-gate dot (one BF16 matrix of E + 1 rows on the tensor-core
  *     path; CUDA-core dot products otherwise) into logits [M, lg_ld] (gate at column E)
  *   routing (unless routes are imposed), grouping (moe_dispatch=grouped)
  *   per TP rank: shared expert (W13 + SwiGLU, W2), routed experts (W13 + SwiGLU, W2), combine
  *   (rank outputs added in rank order; rounded once more for tp_rank=all; the shared expert
- *   of a later rank forks after the previous rank's combine)
+ *   of a later rank forks after the previous rank's combine). With one rank, direct dispatch
+ *   and W2 on the decode kernel, W2 takes the combine (cu_mm_w2c) where td_w2c_pays says its
+ *   rounds of chunk transfers are no more than the separate W2's (cuda/dec_split.h: M = 1 at
+ *   the production shape, M <= 8 on its TP4 slice): one launch fewer, the same bits.
  * At prefill sizes the BF16 GEMMs (router, shared W13 and W2) run on k_wgp when ws->sp_x and
  * ws->sp_sh are given (cu_mm_call::split_ws): the round writes the input in k_wgp's layout into
  * sp_x for the router and the shared W13 (cu_mm_round_split), the shared W2's input is laid out
@@ -18,7 +22,8 @@
  * Every kernel launched on ws->s after the first is a programmatic dependent launch
  * (common.cuh): it may start while its predecessor runs and waits for it before any access.
  * CU_BLOCK_ROUTER stops after the logits; CU_BLOCK_ROUTED runs only grouping and the routed
- * experts of the first rank (the bench's routed-part timing; output in eout16).
+ * experts of the first rank (the bench's routed-part timing; output in eout16, and in ws->out
+ * where W2 takes the combine as in the block).
  *
  * Contract: plain data in, launches out; nothing is allocated, nothing synchronizes, nothing
  * reads host memory (the whole sequence can be captured into a graph). Errors name the
@@ -52,6 +57,7 @@ typedef struct cu_block_shape {
     int rank0, nr;              /* ranks stored on the tensor-core path */
     bool grouped;
     bool generic;               /* every projection on the general kernel (kernels=generic) */
+    bool separate_combine;      /* never fuse the combine into the routed W2 (the bench's A/B) */
 } cu_block_shape;
 
 /* Workspace for up to C tokens (sizes in brackets). The intermediates of an expert on the

@@ -8,6 +8,7 @@
 #include "group_pack.h"
 #include "nvfp4_layout.h"
 #include "wgmma.cuh"
+#include "combine.cuh"
 
 #include <stdio.h>
 #include <string.h>
@@ -1699,6 +1700,169 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
     if (TAIL && tail.tail_n > 0) dec_tail_run<WK, ACT, CH, EPI>(a, tbx, tail, dec_sh, bar_s, xs, slot, phases);
 }
 
+/* ==== the routed W2 with the combine fused in (k_w2c) ==================================== */
+
+/* Stage input row `slot` into this warp's own staged row xs (stage_x's layout, row 0): 16 bytes
+ * per lane, a lane's loads of a round issued before its stores; columns at or beyond in_cols
+ * become 0. Ends with __syncwarp(). */
+__device__ __forceinline__ void w2c_stage(const mm_args &a, int64_t slot, uint32_t *xs, int lane)
+{
+    const int valid = (int)(a.c.in_cols / 8), nv = (int)(a.c.W.K / 8);
+    const uint4 *src = reinterpret_cast<const uint4 *>(a.c.in16 + (slot / a.c.in_div) * a.c.in_ld);
+    for (int base = lane; base < nv; base += 4 * 32) {
+        uint4 q4[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int v = base + u * 32;
+            q4[u] = v < valid ? __ldg(src + v) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int v = base + u * 32, m = v & 3;
+            if (v < nv) store_x4<false>(q4[u], xs + (v >> 2) * 16 + (m >> 1) * 2 + (m & 1), 0);
+        }
+    }
+    __syncwarp();
+}
+
+/* A warp's issue cursor in k_w2c: chunk ch of item it (token it / RT, row tile it % RT), the
+ * matrix of the warp's slot of token t. */
+struct w2c_stream {
+    int it, it1, ch, t;
+    int64_t mat;
+
+    template <int CH>
+    __device__ __forceinline__ void issue(const mm_args &a, int k, int RT, int warp, int lane, uint32_t buf,
+                                          uint32_t bar)
+    {
+        typedef dec_sizes<0, CH> Z;
+        const cu_mm_call &c = a.c;
+        const int tt = it / RT, rt = it - tt * RT;
+        if (tt != t) {
+            t = tt;
+            mat = (int64_t)c.ids[(int64_t)tt * k + warp] * c.mats_per_expert + c.mat_off;
+        }
+        const int64_t step0 = (int64_t)rt * a.geo.KS;
+        const uint8_t *gw = c.W.w + mat * c.W.mat_w + step0 * 256 + (int64_t)ch * Z::w;
+        const uint8_t *gs = c.W.s + mat * c.W.mat_s + step0 * (Z::s / CH) + (int64_t)ch * Z::s;
+        dec_issue<0, CH>(gw, gs, buf, bar, lane);
+        if (++ch == a.geo.NC) {
+            ch = 0;
+            it++;
+        }
+    }
+};
+
+/* W2 of direct dispatch (group = one slot) with the combine fused in (moe_mma.cuh, cu_mm_w2c).
+ * A block has one warp per slot of a token (k warps) and takes a contiguous range of items
+ * (token t, row tile rt): warp j computes row tile rt of slot t*k + j exactly as k_dec computes
+ * it (the same chunks in the same order, its own ring of DEC_STAGES bulk-copy buffers running
+ * ahead over the block's items, its own staged input row) and stores it (the moe.expert_out
+ * intermediate); its 16 rounded outputs go to shared memory and, after a block barrier, warp 0's
+ * lanes 0..15 add the k slots of their row in slot order and the shared expert's term
+ * (combine.cuh: the arithmetic of k_combine) and store the block output. No atomics, no state
+ * shared between blocks: a row's combine waits for the block's k warps only, not for the whole
+ * grid as a separate launch does. The slots' outputs of item i sit in buffer i % 2, so the
+ * warps may compute item i + 1 while warp 0 combines item i. */
+template <int ACT, int CH>
+__global__ void __launch_bounds__(W2C_MAX_K * 32, 2) k_w2c(mm_args a, cu_w2c_args cb)
+{
+    constexpr int WK = 0; /* prepared storage (raw keeps k_dec and the separate combine: cu_mm_w2c_fits) */
+    typedef dec_sizes<WK, CH> Z;
+    extern __shared__ uint4 w2c_sh[];
+    __shared__ uint64_t bars[W2C_MAX_K][DEC_STAGES];
+    __shared__ uint16_t ys[2][W2C_MAX_K][16]; /* the slots' outputs of an item, by item parity */
+    __shared__ float wk[W2C_MAX_K];           /* warp 0 only: the routing weights of its token */
+    const cu_mm_call &c = a.c;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int k = (int)cb.k, NC = a.geo.NC, RT = (int)(c.W.R / 16);
+    uint8_t *ring = reinterpret_cast<uint8_t *>(w2c_sh) + warp * DEC_STAGES * Z::chunk;
+    uint32_t *xs = reinterpret_cast<uint32_t *>(reinterpret_cast<uint8_t *>(w2c_sh) + k * DEC_STAGES * Z::chunk) +
+                   warp * (int)a.geo.xs_w;
+    /* pdl 1: the routes predate this kernel (k_dec's early loads) */
+    const bool early = c.pdl == 1;
+    if (!early) cu_pdl_wait();
+    cu_pdl_release();
+    const int items = (int)(c.nslots / k) * RT, G = (int)gridDim.x, b = (int)blockIdx.x;
+    const int per = items / G, rem = items - per * G;
+    const int it0 = b * per + (b < rem ? b : rem), it1 = it0 + per + (b < rem ? 1 : 0);
+    if (it0 >= it1) return;
+    uint64_t *bar = bars[warp];
+    if (lane < DEC_STAGES) cu_mbar_init(&bar[lane]);
+    cu_mbar_init_fence();
+    __syncwarp();
+    const uint32_t ring_s = cu_smem_addr(ring), bar_s = cu_smem_addr(bar);
+    w2c_stream is;
+    is.it = it0;
+    is.it1 = it1;
+    is.ch = 0;
+    is.t = -1;
+    is.mat = 0;
+    for (int st = 0; st < DEC_STAGES && is.it < it1; st++)
+        is.issue<CH>(a, k, RT, warp, lane, ring_s + st * Z::chunk, bar_s + st * 8);
+    if (early) cu_pdl_wait();
+    dec_pos cur;
+    cur.g = 0;
+    cur.tb = 0;
+    cur.count = 1;
+    cur.slot0 = 0;
+    cur.plist = nullptr;
+    cur.mat = 0;
+    int t_staged = -1, slot = 0;
+    uint32_t phases = 0;
+    float sg = 0.0f;
+    for (int it = it0; it < it1; it++) {
+        const int t = it / RT, rt = it - t * RT;
+        const int64_t myslot = (int64_t)t * k + warp;
+        if (t != t_staged) { /* every lane is done with the staged row: the chunk loop ends with __syncwarp */
+            t_staged = t;
+            cur.mat = (int64_t)c.ids[myslot] * c.mats_per_expert + c.mat_off;
+            w2c_stage(a, myslot, xs, lane);
+            if (warp == 0) {
+                if (lane < k) wk[lane] = cb.wts[(int64_t)t * k + lane];
+                if (cb.sgdot) sg = cu_combine_gate(cb.sgdot[(int64_t)t * cb.sg_ld]);
+                __syncwarp();
+            }
+        }
+        const int r = rt * 16 + lane; /* warp 0, lanes 0..15: the row it combines */
+        float shv = 0.0f;
+        if (warp == 0 && lane < 16 && cb.sgdot && r < c.out_n)
+            shv = cb.sh16 ? cu_from16(cb.sh16[(int64_t)t * cb.H + r], ACT) : cb.sh32[(int64_t)t * cb.H + r];
+        float v[DEC_NA][4];
+#pragma unroll
+        for (int nt = 0; nt < DEC_NA; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[nt][e] = -0.0f; /* chunk sums from -0, as k_dec */
+        for (int ch = 0; ch < NC; ch++) {
+            cu_mbar_wait(bar_s + slot * 8, phases >> slot & 1u);
+            phases ^= 1u << slot;
+            float p[DEC_NA][4];
+            dec_chunk<WK, ACT, CH, 1>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[0][e] = __fadd_rn(v[0][e], p[0][e]);
+            __syncwarp(); /* every lane is done with this buffer before it is refilled */
+            if (is.it < it1) is.issue<CH>(a, k, RT, warp, lane, ring_s + slot * Z::chunk, bar_s + slot * 8);
+            slot = slot + 1 == DEC_STAGES ? 0 : slot + 1;
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) v[0][e] = __fmul_rn(v[0][e], 16384.0f); /* the codes' 2^-14 */
+        mm_epilogue<1, ACT, CU_MM_STORE>(c, rt, 1, nullptr, myslot, lane, 1, v);
+        /* token column 0 of the tile: lane (g, q = 0) holds rows g (v[0][0]) and g + 8 (v[0][2]) */
+        const int par = (it - it0) & 1;
+        if ((lane & 3) == 0) {
+            ys[par][warp][lane >> 2] = (uint16_t)bits16(v[0][0], ACT);
+            ys[par][warp][(lane >> 2) + 8] = (uint16_t)bits16(v[0][2], ACT);
+        }
+        __syncthreads();
+        if (warp == 0 && lane < 16 && r < c.out_n) {
+            float acc = 0.0f;
+            for (int j = 0; j < k; j++) acc = cu_combine_add(acc, wk[j], cu_from16(ys[par][j][lane], ACT));
+            if (cb.sgdot) acc = cu_combine_add(acc, sg, shv);
+            cb.out[(int64_t)t * cb.H + r] = round_act16(acc, ACT);
+        }
+    }
+}
+
 /* k_group's slot-id array, padded past its end (to a multiple of 4 words, plus 4) so that the
  * compiler's wide loads of the last ids never reach into the counts that follow. */
 __host__ __device__ static inline int64_t group_sid_words(int64_t nslots) { return (nslots + 3) / 4 * 4 + 4; }
@@ -1986,6 +2150,9 @@ static cudaError_t set_dec_smem(void)
     if (e == cudaSuccess) e = set_dec_epis<WK, ACT, CH, 1, true>();
     if (e == cudaSuccess) e = set_dec_epis<WK, ACT, CH, 2, false>();
     if (e == cudaSuccess) e = set_dec_epis<WK, ACT, CH, 3, false>();
+    if constexpr (WK == 0)
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(k_w2c<ACT, CH>, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
     return e;
 }
 
@@ -2110,6 +2277,40 @@ static void (*dec_kernel(int epi))(mm_args, int)
     }
 }
 
+/* Blocks per SM of a launch whose blocks take `smem` dynamic bytes (plus static and reserved:
+ * `fixed`), at most `cap` (what the kernel's registers were built for). */
+static int blocks_per_sm(size_t smem, size_t fixed, int cap)
+{
+    int bps = (int)((227 * 1024) / (smem + fixed));
+    if (bps > cap) bps = cap;
+    return bps < 1 ? 1 : bps;
+}
+
+/* A grid that needs fewer blocks per SM than fit: the block scheduler may still stack two
+ * or three of its blocks on one SM while other SMs idle (measured in the block's graph, the
+ * shared expert running beside: W13's 100 blocks at M = 1 on 91 SMs, 9 of them with two), and
+ * such an SM takes twice as long. Asking for more shared memory than the kernel uses caps the
+ * blocks per SM at what the grid needs, so its blocks spread over the SMs (no bit changes: the
+ * extra bytes are never touched; docs/perf.md). *launch_smem: the dynamic size to launch kern
+ * with (smem, or the least size at which one block more than the grid needs per SM does not
+ * fit); bps: the blocks per SM that smem allows. */
+static td_status spread_smem(const void *kern, int64_t grid, int sms, int bps, int dev, size_t smem,
+                             size_t *launch_smem, td_err *err)
+{
+    *launch_smem = smem;
+    const int need = (int)((grid + sms - 1) / sms);
+    if (need >= bps) return TD_OK;
+    int per_sm = 0, reserved = 0;
+    cudaFuncAttributes fa;
+    TD_CU_TRY(err, cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    TD_CU_TRY(err, cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
+    TD_CU_TRY(err, cudaFuncGetAttributes(&fa, kern));
+    /* the least dynamic size at which need + 1 blocks exceed the SM's shared memory */
+    const size_t fixed = fa.sharedSizeBytes + (size_t)reserved, cap = (size_t)per_sm / (size_t)(need + 1) + 1;
+    if (cap > fixed && cap - fixed > smem && cap - fixed <= (size_t)DEC_SMEM_MAX) *launch_smem = cap - fixed;
+    return TD_OK;
+}
+
 template <int WK, int ACT, int CH, int NT>
 static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
 {
@@ -2122,9 +2323,7 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
     const td_status sst = sm_count(&dev, &sms, err);
     if (sst) return sst;
     /* blocks per SM: what shared memory allows, at most what the registers were built for */
-    int bps = (int)((227 * 1024) / (smem + 1024));
-    if (bps > dec_occupancy<NT>::blocks) bps = dec_occupancy<NT>::blocks;
-    if (bps < 1) bps = 1;
+    const int bps = blocks_per_sm(smem, 1024, dec_occupancy<NT>::blocks);
     const int64_t tbx = (a.c.W.R / 16 + DW - 1) / DW;
     const int64_t items = a.c.max_groups * tbx;
     if (items > 0x7fffffff)
@@ -2143,24 +2342,9 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
         return td_err_set(err, TD_ERR_INTERNAL, "cuda moe: epilogue %d with float outputs on the decode kernel", a.c.epi);
     void (*const kern)(mm_args, int) =
         tail ? dec_kernel<WK, ACT, CH, NT, true>(a.c.epi) : dec_kernel<WK, ACT, CH, NT, false>(a.c.epi);
-    /* A grid that needs fewer blocks per SM than fit: the block scheduler may still stack two
-     * or three of its blocks on one SM while other SMs idle (measured in the block's graph,
-     * the shared expert running beside: W13's 100 blocks at M = 1 on 91 SMs, 9 of them with
-     * two), and such an SM takes twice as long. Asking for more shared memory than the rings
-     * and rows use caps the blocks per SM at what the grid needs, so its blocks spread over
-     * the SMs (no bit changes: the extra bytes are never touched; docs/perf.md). */
     size_t launch_smem = smem;
-    const int need = (int)((grid + sms - 1) / sms);
-    if (need < bps) {
-        int per_sm = 0, reserved = 0;
-        cudaFuncAttributes fa;
-        TD_CU_TRY(err, cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-        TD_CU_TRY(err, cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
-        TD_CU_TRY(err, cudaFuncGetAttributes(&fa, kern));
-        /* the least dynamic size at which need + 1 blocks exceed the SM's shared memory */
-        const size_t fixed = fa.sharedSizeBytes + (size_t)reserved, cap = (size_t)per_sm / (size_t)(need + 1) + 1;
-        if (cap > fixed && cap - fixed > smem && cap - fixed <= (size_t)DEC_SMEM_MAX) launch_smem = cap - fixed;
-    }
+    const td_status pst = spread_smem((const void *)kern, grid, sms, bps, dev, smem, &launch_smem, err);
+    if (pst) return pst;
     TD_CU_TRY(err, cu_launch(kern, dim3((unsigned)grid), dim3(DW * 32), launch_smem, s,
                              a.c.pdl != 0, a, (int)tbx));
     TD_CU_LAUNCHED(err, "k_dec");
@@ -2294,9 +2478,9 @@ int64_t cu_mm_split_bytes(int64_t tokens, int64_t K)
     return (tokens + WP_NT * 8 - 1) / (WP_NT * 8) * ((K + WP_SS * 32 - 1) / (WP_SS * 32)) * wp_split_bytes(1);
 }
 
-td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
+/* The checks every projection call passes before it is launched (cu_mm, cu_mm_w2c). */
+static td_status mm_check(const cu_mm_call *c, td_err *err)
 {
-    if (c->max_groups <= 0) return TD_OK;
     if (c->act != 1 && c->act != 2)
         return td_err_set(err, TD_ERR_UNSUPPORTED, "cuda moe: the tensor-core path needs act_dtype fp16 or bf16");
     if (c->max_groups > 65535)
@@ -2312,6 +2496,14 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     if (c->W.kind == CU_W_NVFP4 && (c->W.bf16_words != 0) != (c->act == 2))
         return td_err_set(err, TD_ERR_INTERNAL, "cuda moe: NVFP4 words in the %s placement for act_dtype %s",
                           c->W.bf16_words ? "BF16" : "FP16", c->act == 2 ? "bf16" : "fp16");
+    return TD_OK;
+}
+
+td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
+{
+    if (c->max_groups <= 0) return TD_OK;
+    const td_status cst = mm_check(c, err);
+    if (cst) return cst;
     mm_args a;
     a.c = *c;
     a.geo = geo_of(c->W.K);
@@ -2352,6 +2544,80 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     if (WK == 0) return c->act == 1 ? launch_nt<0, 1>(a, ntmax, grid, s, err) : launch_nt<0, 2>(a, ntmax, grid, s, err);
     if (WK == 1) return c->act == 1 ? launch_nt<1, 1>(a, ntmax, grid, s, err) : launch_nt<1, 2>(a, ntmax, grid, s, err);
     return c->act == 1 ? launch_nt<2, 1>(a, ntmax, grid, s, err) : launch_nt<2, 2>(a, ntmax, grid, s, err);
+}
+
+/* ==== the routed W2 with the combine fused in =================================================== */
+
+static size_t w2c_smem(int64_t k, const mm_geo &g)
+{
+    return (size_t)k * ((size_t)DEC_STAGES * (size_t)dec_chunk_bytes(0, g.chunk) + (size_t)g.xs_w * 4);
+}
+
+bool cu_mm_w2c_fits(const cu_mm_call *c, int64_t k)
+{
+    if (k < 1 || k > W2C_MAX_K || !c->ids || c->perm || c->pack != 1 || c->nslots < k || c->nslots % k ||
+        c->epi != CU_MM_STORE || c->out || !c->out16 || c->W.raw || !dec_fits(&c->W, c->generic, 1))
+        return false;
+    const mm_geo g = geo_of(c->W.K);
+    const size_t smem = w2c_smem(k, g);
+    int dev = 0, sms = 0;
+    if (smem > DEC_SMEM_MAX || cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return false;
+    /* the grids both launches would take: k_dec's W2 (one 8-token tile, 8 warps) and k_w2c's */
+    const int64_t RT = c->W.R / 16, tokens = c->nslots / k, DW = dec_occupancy<1>::warps;
+    const int64_t items_dec = c->nslots * ((RT + DW - 1) / DW), items_w2c = tokens * RT;
+    if (items_dec > 0x7fffffff || items_w2c > 0x7fffffff) return false;
+    const int64_t bd = (int64_t)sms * blocks_per_sm(dec_smem(dec_ring_bytes(0, g.chunk, 1), 1, g.xs_w), 1024,
+                                                    dec_occupancy<1>::blocks);
+    const int64_t bw = (int64_t)sms * blocks_per_sm(smem, 2048, 2);
+    const int B = (int)(items_dec < bd ? items_dec : bd), G = (int)(items_w2c < bw ? items_w2c : bw);
+    return td_w2c_pays((int)tokens, (int)k, (int)RT, g.NC, (int)DW, B, G) != 0;
+}
+
+template <int ACT, int CH>
+static td_status launch_w2c(const mm_args &a, const cu_w2c_args &cb, cudaStream_t s, td_err *err)
+{
+    const size_t smem = w2c_smem(cb.k, a.geo);
+    int dev = 0, sms = 0;
+    const td_status sst = sm_count(&dev, &sms, err);
+    if (sst) return sst;
+    /* the kernel's static barriers and buffers take < 1 KB; its launch bounds allow 2 blocks */
+    const int bps = blocks_per_sm(smem, 2048, 2);
+    const int64_t items = a.c.nslots / cb.k * (a.c.W.R / 16);
+    const int64_t grid = items < (int64_t)sms * bps ? items : (int64_t)sms * bps;
+    void (*const kern)(mm_args, cu_w2c_args) = k_w2c<ACT, CH>;
+    size_t launch_smem = smem;
+    const td_status pst = spread_smem((const void *)kern, grid, sms, bps, dev, smem, &launch_smem, err);
+    if (pst) return pst;
+    TD_CU_TRY(err, cu_launch(kern, dim3((unsigned)grid), dim3((unsigned)(cb.k * 32)), launch_smem, s, a.c.pdl != 0, a,
+                             cb));
+    TD_CU_LAUNCHED(err, "k_w2c");
+    return TD_OK;
+}
+
+template <int ACT>
+static td_status launch_w2c_ch(const mm_args &a, const cu_w2c_args &cb, cudaStream_t s, td_err *err)
+{
+    return a.geo.chunk == 10 ? launch_w2c<ACT, 10>(a, cb, s, err) : launch_w2c<ACT, 5>(a, cb, s, err);
+}
+
+td_status cu_mm_w2c(const cu_mm_call *c, const cu_w2c_args *cb, cudaStream_t s, td_err *err)
+{
+    if (c->nslots <= 0) return TD_OK;
+    if (!cu_mm_w2c_fits(c, cb->k) || !cb->out || !cb->wts || (cb->sgdot && !cb->sh16 && !cb->sh32) ||
+        cb->H != c->out_n)
+        return td_err_set(err, TD_ERR_INTERNAL, "cuda moe: a W2 call of %lld slots (top-%lld) that the fused combine "
+                          "does not take", (long long)c->nslots, (long long)cb->k);
+    const td_status cst = mm_check(c, err);
+    if (cst) return cst;
+    mm_args a;
+    memset(&a, 0, sizeof a);
+    a.c = *c;
+    a.geo = geo_of(c->W.K);
+    a.xrows = 1;
+    a.kparts = 1;
+    return c->act == 1 ? launch_w2c_ch<1>(a, *cb, s, err) : launch_w2c_ch<2>(a, *cb, s, err);
 }
 
 /* ==== check of cu_mm_round_split ================================================================ */

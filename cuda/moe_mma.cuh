@@ -85,7 +85,9 @@
  * they are, into the call's split_ws; an issuer copies weights and inputs into a ring of stages,
  * one or two consumer warpgroups issue the wgmmas; the same sums in the same order) and on
  * k_gemm without one (blocks of 8 row tiles by 32 tokens, the tokens' input rows staged one K
- * chunk at a time, where its grid has a block for every SM). `generic` keeps every call on k_mm, so the kernels can be compared.
+ * chunk at a time, where its grid has a block for every SM). k_w2c is k_dec's W2 for direct
+ * dispatch with the combine fused in (cu_mm_w2c, below). `generic` keeps every call on k_mm
+ * (and the combine on its own launch), so the kernels can be compared.
  *
  * Groups: a group is one expert (matrix) and up to `pack` slots. Direct dispatch: group g is
  * slot g alone. Grouped dispatch: cu_mm_group() sorts slots by expert (ascending expert,
@@ -215,6 +217,28 @@ typedef struct cu_mm_call {
 } cu_mm_call;
 
 td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err);
+
+/* The routed W2 with the combine fused in (k_w2c): for a W2 call of direct dispatch (ids, pack
+ * 1, nslots = M * k, 16-bit outputs only) that runs on the decode kernel, one block per token
+ * and row tile with one warp per slot computes the k slots' rows exactly as cu_mm does (and
+ * stores them to out16: the moe.expert_out intermediate), then the combine of those rows
+ * (cuda/combine.cuh: the arithmetic of cu_moe_combine with mode 0) into out. The caller orders
+ * the shared expert's output (sh16 / sh32) before this launch; with `pdl` 1 its weights load
+ * before it waits for W13, as on the decode kernel. Same bits as cu_mm + cu_moe_combine (the
+ * pair that kernels=generic runs). */
+#define W2C_MAX_K 12
+typedef struct cu_w2c_args {
+    const float *wts;            /* [M, k] routing weights */
+    const float *sgdot;          /* gate dot of token t at sgdot[t * sg_ld]; NULL: no shared expert */
+    int64_t sg_ld;
+    const uint16_t *sh16;        /* shared expert's output [M, H] as 16-bit act patterns, or NULL: */
+    const float *sh32;           /* as floats */
+    float *out;                  /* [M, H] the block output */
+    int64_t H, k;
+} cu_w2c_args;
+/* Whether cu_mm_w2c takes the W2 call c with k slots per token (1 <= k <= W2C_MAX_K). */
+bool cu_mm_w2c_fits(const cu_mm_call *c, int64_t k);
+td_status cu_mm_w2c(const cu_mm_call *c, const cu_w2c_args *cb, cudaStream_t s, td_err *err);
 /* Bytes of a cu_mm_call's split_ws for `tokens` tokens and K (padded) columns (FP16 inputs; BF16
  * inputs use half of it). */
 int64_t cu_mm_split_bytes(int64_t tokens, int64_t K);

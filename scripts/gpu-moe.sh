@@ -27,6 +27,13 @@
 #             their own per-instruction counts (sass_wgp_M784.csv.gz)
 #   wgp784    the router's and shared expert's GEMMs and their input launches under ncu at
 #             M = 784 (fp16, bf16), this binary and moe_decode_base
+#   ab_combine  the routed W2 with the combine fused in where the engine takes it against the
+#             combine as its own launch everywhere, the same binary (moe_decode
+#             --separate-combine), three runs each: fp16 and bf16 direct and the TP4 slice,
+#             M = 1, 2, 4, 8, 16 (routed and block times)
+#   sanitize_w2c  memcheck and racecheck of the fused W2 (direct dispatch: chunks of 10 and 5
+#             steps, one and two chunks per row tile, FP16 and BF16, top-10), and racecheck of
+#             the decode kernel with raw storage
 #   ab        A/B of the bench against a baseline binary build/device/moe_decode_base (built
 #             from another commit, e.g. a git worktree, and carried beside the bundle): fp16
 #             direct and grouped, M = 1..16 and 784 grouped, bf16 grouped M = 1, 16, 784 and
@@ -121,6 +128,27 @@ prefill)
   ncu --clock-control none --kernel-name regex:'k_wgp' --launch-count 3 --section SourceCounters --page source \
     --print-source sass --csv $B/moe_decode --no-cublas --M 784 --iters 1 --sets 1 --act fp16 --dispatch grouped 2>&1 \
     | gzip > "$out/logs/sass_wgp_M784.csv.gz" ;;
+ab_combine)
+  for run in 1 2 3; do
+    for v in fused separate; do
+      f=; [ $v = separate ] && f=--separate-combine
+      t abc_${v}_fp16_$run $B/moe_decode --no-cublas --act fp16 --M 1,2,4,8,16 $f
+      t abc_${v}_bf16_$run $B/moe_decode --no-cublas --act bf16 --M 1,2,4,8,16 $f
+      t abc_${v}_tp4_$run $B/moe_decode --no-cublas --act fp16 --tp 4 --M 1,2,4,8,16 $f
+    done
+  done ;;
+sanitize_w2c)
+  # direct dispatch, top-10, where W2 takes the combine fused in (td_w2c_pays): at the production
+  # shape M = 1 (TP1) and M = 1, 4, 8 (the TP4 slice: chunks of 5 steps); hidden 320 with
+  # inter 640 (two chunks of 10 steps per row tile) at M = 1 and 5, inter 320 (one chunk) at
+  # M = 1 and 9, the TP4 slice of inter 640 (one chunk of 5) at M = 2 and 16
+  t memcheck_w2c compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,3,16 --iters 3 --sets 2 --act fp16
+  t memcheck_w2c_tp4 compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,4,8,17 --iters 3 --sets 2 --act bf16 --tp 4
+  t racecheck_w2c compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 640 --shared 160 --M 1,5 --iters 2 --sets 1 --act fp16
+  t racecheck_w2c_bf16 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 320 --shared 160 --M 1,9 --iters 2 --sets 1 --act bf16
+  t racecheck_w2c_tp4 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 640 --shared 640 --tp 4 --M 2,16 --iters 2 --sets 1 --act fp16
+  # raw storage on the decode kernel (the separate combine), the shape of racecheck_w2c_bf16
+  t racecheck_raw_dec compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 320 --shared 160 --M 1,9 --iters 2 --sets 1 --act bf16 --storage raw ;;
 ab)
   [ -x $B/moe_decode_base ] || { echo "ab: no $B/moe_decode_base"; exit 2; }
   for run in 1 2; do

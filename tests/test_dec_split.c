@@ -96,6 +96,7 @@ static void split_shortens_the_busiest_block(void **state)
                     tail |= s.tail_n > 0;
                 }
                 const int equal = (n + B - 1) / B * NC;
+                assert_int_equal(td_dec_rounds(n, NC, DW, B), longest); /* the closed form */
                 assert_true(longest <= equal);
                 if (tail) assert_true(longest < equal);
             }
@@ -135,6 +136,37 @@ static void split_production_cases(void **state)
     assert_int_equal(check_split(400, 1, 396), 0);
     /* fewer items than blocks (M = 1: 100 W13 items): no tail */
     assert_int_equal(check_split(100, 8, 396), 0);
+}
+
+/* td_dec_rounds without a tail (one chunk per tile, or fewer items than blocks) and the choice
+ * of W2 with the combine fused in at the production shape on a 132-SM GPU: W2 at K = 640 (NC 2)
+ * and at the TP4 slice's K = 160 (NC 1), 160 row tiles, top-10; k_dec's 396 blocks of 8 warps,
+ * k_w2c's 264 blocks. The fused W2 takes M = 1 at TP1 and M = 1..8 on the TP4 slice, the rounds
+ * of each case worked out by hand (the A/B that led to the rule: docs/perf.md). */
+static void rounds_and_w2c_choice(void **state)
+{
+    (void)state;
+    for (int B = 1; B <= 400; B += 7)
+        for (int n = 0; n <= 3 * B; n++) assert_int_equal(td_dec_rounds(n, 1, DW, B), (n + B - 1) / B);
+    assert_int_equal(td_dec_rounds(200, 2, DW, 396), 2);  /* TP1 M = 1: 200 items, one each */
+    assert_int_equal(td_dec_rounds(400, 2, DW, 396), 3);  /* M = 2: 1 item + a tail chunk */
+    assert_int_equal(td_dec_rounds(800, 2, DW, 396), 5);  /* M = 4 */
+    assert_int_equal(td_dec_rounds(3200, 2, DW, 396), 17); /* M = 16 */
+    static const struct { int M, NC, pays; } cases[] = {
+        {1, 2, 1},  /* 160 items on 264 blocks: 2 rounds, as k_dec's 200 items on 396 */
+        {2, 2, 0},  /* 320 items: 4 rounds against 3 */
+        {4, 2, 0},  /* 640: 6 against 5 */
+        {8, 2, 0},  /* 1,280: 10 against 9 */
+        {16, 2, 0}, /* 2,560: 20 against 17 */
+        {1, 1, 1},  /* TP4: 1 against 1 */
+        {2, 1, 1},  /* 2 against 2 */
+        {4, 1, 1},  /* 3 against 3 (no tail with one chunk per tile) */
+        {8, 1, 1},  /* 5 against 5 */
+        {16, 1, 0}, /* 10 against 9 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        assert_int_equal(td_w2c_pays(cases[i].M, 10, 160, cases[i].NC, DW, 396, 264), cases[i].pays);
+    assert_true(td_w2c_pays(0, 10, 160, 2, DW, 396, 264)); /* nothing to do: either way */
 }
 
 /* The host's choice of the kernel without the tail's code is safe: whenever some block of a
@@ -181,6 +213,7 @@ int main(void)
         cmocka_unit_test(split_shortens_the_busiest_block),
         cmocka_unit_test(split_production_cases),
         cmocka_unit_test(tail_possible_covers_every_tail),
+        cmocka_unit_test(rounds_and_w2c_choice),
     };
     return cmocka_run_group_tests_name("dec_split", tests, NULL, NULL);
 }

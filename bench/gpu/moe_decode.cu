@@ -5,7 +5,7 @@
  *                   [--tp 1] [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]
  *                   [--kernels fast|generic] [--prio main|shared|off]
  *                   [--M 1,2,4,8,16,784] [--iters 200] [--sets 16] [--dense 8] [--seed 1] [--big V]
- *                   [--cublas LIB] [--no-cublas] [--no-presplit] [--db PATH] [--json]
+ *                   [--cublas LIB] [--no-cublas] [--no-presplit] [--separate-combine] [--db PATH] [--json]
  *
  * Weights are synthetic (seeded hash of the index; E4M3 codes 0x38..0x5f, globals 2^-7) in the
  * engine's device layout for one TP rank: every expert's W13 and W2 NVFP4 matrices, a BF16
@@ -28,7 +28,8 @@
  *   block   round, router GEMV, routing, [grouping,] shared gate, W13+SwiGLU, W2, shared
  *           expert, combine: the whole MoE block (the router's routes are computed and
  *           discarded so that the imposed ones drive the experts)
- *   routed  [grouping,] W13+SwiGLU, W2 only
+ *   routed  [grouping,] W13+SwiGLU, W2 only (with the combine fused in where the block has it:
+ *           direct dispatch on the decode kernel, cu_mm_w2c)
  *   cublas  the same block with the weights dequantized to BF16 and cuBLAS (GemmEx for the
  *           router and the shared expert, GemmBatchedEx over the slots for the routed
  *           experts, pointer arrays prepared per route set) plus the engine's routing and
@@ -40,6 +41,8 @@
  * --no-presplit: no split workspace (cu_mm_call::split_ws): the prefill-sized BF16 GEMMs
  * (router, shared expert) run on k_gemm instead of k_wgp, and the block's input is rounded
  * without being laid out for k_wgp (the same bits).
+ * --separate-combine: the combine as its own launch after W2 everywhere (the block before W2
+ * took it in), for an A/B in one binary; the variant stored to --db gets " +separate-combine".
  * --prio: the block's main stream (router, routing, routed experts, combine) or its
  * shared-expert stream created at the device's greatest priority, the other at its least, and
  * every graph instantiated with cudaGraphInstantiateFlagUseNodePriority (kernel nodes take
@@ -220,7 +223,7 @@ static void gemm_rowmajor(cublasHandle_t h, blas *b, const void *W, const void *
 typedef struct opts {
     int64_t H, E, I, k, Is, tp;
     int act;            /* 1 fp16, 2 bf16 */
-    bool raw, grouped, json, no_cublas, generic, no_presplit;
+    bool raw, grouped, json, no_cublas, generic, no_presplit, separate_combine;
     int prio;           /* 0 off, 1 main stream high, 2 shared-expert stream high */
     std::vector<int64_t> Ms;
     int iters, sets, dense;
@@ -235,7 +238,7 @@ static void usage(void)
                     "                  [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]\n"
                     "                  [--kernels fast|generic] [--prio main|shared|off]\n"
                     "                  [--M 1,2,4,8,16,784] [--iters N] [--sets N] [--dense N] [--seed N] [--big V]\n"
-                    "                  [--cublas LIB] [--db PATH] [--json] [--no-cublas] [--no-presplit]\n");
+                    "                  [--cublas LIB] [--db PATH] [--json] [--no-cublas] [--no-presplit] [--separate-combine]\n");
     exit(2);
 }
 
@@ -255,6 +258,7 @@ static void parse(int argc, char **argv, opts *o)
     o->H = 2560, o->E = 512, o->I = 640, o->k = 10, o->Is = 640, o->tp = 1;
     o->act = 1, o->raw = false, o->grouped = false, o->json = false, o->no_cublas = false, o->generic = false;
     o->no_presplit = false;
+    o->separate_combine = false;
     o->prio = 0;
     o->Ms = {1, 2, 4, 8, 16, 784};
     o->iters = 200, o->sets = 16, o->dense = 8, o->seed = 1, o->big = 0, o->cublas = NULL, o->db = NULL;
@@ -270,6 +274,10 @@ static void parse(int argc, char **argv, opts *o)
         }
         if (!strcmp(a, "--no-presplit")) {
             o->no_presplit = true;
+            continue;
+        }
+        if (!strcmp(a, "--separate-combine")) {
+            o->separate_combine = true;
             continue;
         }
         if (i + 1 >= argc) usage();
@@ -454,6 +462,7 @@ int main(int argc, char **argv)
     shape.nr = 1;
     shape.grouped = o.grouped;
     shape.generic = o.generic;
+    shape.separate_combine = o.separate_combine;
 
     /* ---- workspace ---- */
     const int64_t C = Mmax, S = C * k;
@@ -694,10 +703,10 @@ int main(int argc, char **argv)
     }
 
     const char *act_name = o.act == 1 ? "fp16" : "bf16";
-    char variant[96];
-    snprintf(variant, sizeof variant, "cuda:act_dtype=%s,storage=%s,moe_dispatch=%s,tp_size=%lld%s", act_name,
+    char variant[128];
+    snprintf(variant, sizeof variant, "cuda:act_dtype=%s,storage=%s,moe_dispatch=%s,tp_size=%lld%s%s", act_name,
              o.raw ? "raw" : "prepared", o.grouped ? "grouped" : "direct", (long long)o.tp,
-             o.generic ? ",kernels=generic" : "");
+             o.generic ? ",kernels=generic" : "", o.separate_combine ? " +separate-combine" : "");
     if (o.json) {
         printf("{\"gpu\": \"%s\", \"copy_bw_GBps\": %.1f, \"variant\": \"%s\", \"hidden\": %lld, \"experts\": %lld, "
                "\"inter_per_rank\": %lld, \"topk\": %lld, \"rows\": [",

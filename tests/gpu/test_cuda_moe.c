@@ -29,7 +29,8 @@
  *   one block scale is NaN or negative; grouped dispatch refused with act_dtype=fp32;
  * - the NVFP4 placements against the kernels' decodes (host), and the BF16 decode with its
  *   multiplication by 2^112 on the GPU, every code pair;
- * - the decode kernel (k_dec) against the general kernel (kernels=generic), bit for bit, for
+ * - the decode kernel (k_dec, and with direct dispatch W2 with the combine fused in, k_w2c)
+ *   against the general kernels (kernels=generic: k_mm, k_combine), bit for bit, for
  *   fp16/bf16, prepared/raw, direct/grouped, graphs, TP slices, on a shape where every routed
  *   projection takes it, and against ref; with BF16 inputs of 7e4 to 3e5 in some groups;
  * - the block's input rounded and laid out for k_wgp in one launch (cu_mm_round_split) against
@@ -40,8 +41,9 @@
  *   with one warp per row tile) against decode-sized calls of the same tokens, bit for bit,
  *   and against ref; kernels=generic (k_mm, which at hidden 2048 stages K in two halves)
  *   against the default kernels on every fixture (fp16, and bf16 on two TP ranks);
- * - the combine from the engine's own 16-bit intermediates (taps), bit for bit, and the
- *   CUDA-core path at a hidden size that is no multiple of 4;
+ * - the combine from the engine's own 16-bit intermediates (taps), bit for bit, the routed W2
+ *   with the combine fused in (k_w2c: direct dispatch, W2 on the decode kernel) among them,
+ *   and the CUDA-core path at a hidden size that is no multiple of 4;
  * - routing with 1,100 experts (three per thread of the routing kernel) against ref's top-k
  *   ids, and a token whose logits are all NaN (experts 0..k-1, as ref; its neighbours
  *   unaffected).
@@ -724,7 +726,10 @@ static bool is_act16(float v, td_act_dtype act)
  * act dtype). fp16 and bf16, direct and grouped, one rank of two; M = 1, 5, 16, 300. Without
  * the shared expert (a second fixture, intermediate 384 > hidden 256) the same without its
  * term; with top-20 routes (a third) the decode-sized combine loads its slots in two batches
- * (COMBINE_BATCH 16). */
+ * (COMBINE_BATCH 16). With intermediate 320 (W2's K: one chunk of 10 steps, 5 on one rank of
+ * two) W2 runs on the decode kernel, and with direct dispatch and top-k <= W2C_MAX_K (12) it
+ * takes the combine fused in (k_w2c, cuda/moe_mma.cu): top-10 with and top-12 without the
+ * shared expert; top-13 just past the limit takes the separate combine. */
 static void combine_case(const char *name, int64_t inter, int64_t shared, int64_t top_k)
 {
     mf_opts o;
@@ -808,6 +813,9 @@ static void cuda_combine_taps(void **state)
     combine_case("gpu_comb_sh", 128, 128, 5);
     combine_case("gpu_comb", 384, 0, 5); /* expert activations wider than hidden: the taps' staging */
     combine_case("gpu_comb_k20", 128, 128, 20); /* more slots than one batch of the combine's loads */
+    combine_case("gpu_comb_w2c", 320, 128, 10); /* W2 on the decode kernel, the combine fused in */
+    combine_case("gpu_comb_w2c12", 320, 0, 12); /* the most slots k_w2c takes, no shared expert */
+    combine_case("gpu_comb_w2c13", 320, 128, 13); /* one slot more: the separate combine */
 }
 
 /* The CUDA-core path (act_dtype=fp32) at a hidden size that is no multiple of 4 (BF16 experts):
