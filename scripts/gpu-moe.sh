@@ -147,6 +147,9 @@ sanitize_w2c)
   t racecheck_w2c compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 640 --shared 160 --M 1,5 --iters 2 --sets 1 --act fp16
   t racecheck_w2c_bf16 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 320 --shared 160 --M 1,9 --iters 2 --sets 1 --act bf16
   t racecheck_w2c_tp4 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 640 --shared 640 --tp 4 --M 2,16 --iters 2 --sets 1 --act fp16
+  # top-12 at 40 tokens: 800 items on 264 blocks, 3 or 4 per block (the slots' output buffers
+  # by item parity reused, tokens changing inside a block), with the shared expert's term
+  t racecheck_w2c_items compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 320 --shared 160 --topk 12 --M 40 --iters 2 --sets 1 --act fp16
   # raw storage on the decode kernel (the separate combine), the shape of racecheck_w2c_bf16
   t racecheck_raw_dec compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 320 --shared 160 --M 1,9 --iters 2 --sets 1 --act bf16 --storage raw ;;
 ab)

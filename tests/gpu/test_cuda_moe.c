@@ -728,8 +728,11 @@ static bool is_act16(float v, td_act_dtype act)
  * term; with top-20 routes (a third) the decode-sized combine loads its slots in two batches
  * (COMBINE_BATCH 16). With intermediate 320 (W2's K: one chunk of 10 steps, 5 on one rank of
  * two) W2 runs on the decode kernel, and with direct dispatch and top-k <= W2C_MAX_K (12) it
- * takes the combine fused in (k_w2c, cuda/moe_mma.cu): top-10 with and top-12 without the
- * shared expert; top-13 just past the limit takes the separate combine. */
+ * takes the combine fused in (k_w2c, cuda/moe_mma.cu) where td_w2c_pays says so: top-10 with
+ * and top-12 without the shared expert at M = 1, 5 and 16 (one item per block); top-12 also at
+ * M = 300 (its rounds equal k_dec's: on a 132-SM GPU 4,800 items on 264 blocks, some 18 per
+ * block, the tokens changing inside blocks); top-13 just past the limit takes the separate
+ * combine. */
 static void combine_case(const char *name, int64_t inter, int64_t shared, int64_t top_k)
 {
     mf_opts o;
