@@ -8,6 +8,9 @@
  * - cu_combine_gate(sgl): the shared expert's gate sigmoid(sgl), computed in double and rounded
  *   once to float.
  * - cu_combine_add(acc, w, y): acc + fl32(w * y), both steps rounded to nearest (no FMA).
+ * - cu_round_act(v, act): v rounded to nearest even in act (1 FP16, 2 BF16) and back to float;
+ *   act 0 (fp32): v itself. The block's rounding points use it (cuda/moe.cu), the combine's
+ *   output among them.
  * The combine of token t, column h: acc = +0; acc = cu_combine_add(acc, w_j, y_j) for the slots
  * j = 0..k-1 in order; then, with a shared expert, acc = cu_combine_add(acc, sg, y_s); the output
  * is acc rounded to act_dtype (cuda/moe.cuh, Numerics).
@@ -26,6 +29,13 @@ __device__ __forceinline__ float cu_from16(uint32_t u, int act)
 __device__ __forceinline__ float cu_combine_gate(float sgl) { return (float)(1.0 / (1.0 + exp(-(double)sgl))); }
 
 __device__ __forceinline__ float cu_combine_add(float acc, float w, float y) { return __fadd_rn(acc, __fmul_rn(w, y)); }
+
+__device__ __forceinline__ float cu_round_act(float v, int act)
+{
+    if (act == 1) return __half2float(__float2half_rn(v));
+    if (act == 2) return __bfloat162float(__float2bfloat16_rn(v));
+    return v;
+}
 #endif
 
 #endif /* TD_CUDA_COMBINE_CUH */

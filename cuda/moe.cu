@@ -19,12 +19,6 @@ __constant__ float c_e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,
 
 /* ==== device helpers ========================================================================= */
 
-__device__ __forceinline__ float round_act(float v, int act)
-{
-    if (act == 1) return __half2float(__float2half_rn(v));
-    if (act == 2) return __bfloat162float(__float2bfloat16_rn(v));
-    return v;
-}
 
 /* Decode the 16-element block of row `wrow` starting at column c (nv <= 16 valid elements). */
 __device__ __forceinline__ void decode_block(const cu_lin &W, int64_t e, const uint8_t *wrow, const __half *srow,
@@ -102,7 +96,7 @@ __device__ __forceinline__ bool ranks_before(float a, int64_t ia, float b, int64
 __global__ void k_round(const float *x, float *xa, int64_t n, int act)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) xa[i] = round_act(x[i], act);
+    if (i < n) xa[i] = cu_round_act(x[i], act);
 }
 
 __global__ void k_round16(const float *x, float *xa, uint16_t *x16, int64_t n, int act)
@@ -110,7 +104,7 @@ __global__ void k_round16(const float *x, float *xa, uint16_t *x16, int64_t n, i
     cu_pdl_release(); /* the router may launch now; it waits for this kernel before reading */
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float v = round_act(x[i], act);
+    const float v = cu_round_act(x[i], act);
     if (xa) xa[i] = v;
     x16[i] = act == 1 ? __half_as_ushort(__float2half_rn(v)) : __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
@@ -674,7 +668,7 @@ __global__ void k_w13(cu_lin gate, cu_lin up, int64_t r0, int64_t il, const int3
     if (lane == 0) {
         const double d = (double)g[0];
         const float silu = (float)(d / (1.0 + exp(-d)));
-        out[s * il + c] = round_act(__fmul_rn(silu, u[0]), act);
+        out[s * il + c] = cu_round_act(__fmul_rn(silu, u[0]), act);
     }
 }
 
@@ -688,19 +682,16 @@ __global__ void k_w2(cu_lin down, int64_t c0, int64_t il, const int32_t *ids, co
     const int64_t e = ids ? ids[s] : 0;
     float acc[1];
     warp_dot<1>(down, e, h, c0, il, a + s * il, il, 1, lane, acc);
-    if (lane == 0) y[s * H + h] = round_act(acc[0], act);
+    if (lane == 0) y[s * H + h] = cu_round_act(acc[0], act);
 }
-
-/* A 16-bit act value as float: exact (combine.cuh). */
-__device__ __forceinline__ float from16(uint32_t u, int act) { return cu_from16(u, act); }
 
 /* The four values of an 8-byte load of 16-bit patterns, in address order. */
 __device__ __forceinline__ void from16x4(uint2 v, int act, float f[4])
 {
-    f[0] = from16(v.x & 0xffffu, act);
-    f[1] = from16(v.x >> 16, act);
-    f[2] = from16(v.y & 0xffffu, act);
-    f[3] = from16(v.y >> 16, act);
+    f[0] = cu_from16(v.x & 0xffffu, act);
+    f[1] = cu_from16(v.x >> 16, act);
+    f[2] = cu_from16(v.y & 0xffffu, act);
+    f[3] = cu_from16(v.y >> 16, act);
 }
 
 /* CPT values at index i (a multiple of CPT) of an array held as 16-bit act patterns (U16) or
@@ -711,7 +702,7 @@ template <int CPT, bool U16> struct raw_n;
 template <> struct raw_n<1, true> {
     uint32_t v;
     __device__ __forceinline__ void ld(const void *p, int64_t i) { v = __ldg((const uint16_t *)p + i); }
-    __device__ __forceinline__ void cvt(int act, float y[1]) const { y[0] = from16(v, act); }
+    __device__ __forceinline__ void cvt(int act, float y[1]) const { y[0] = cu_from16(v, act); }
 };
 template <> struct raw_n<4, true> {
     uint2 v;
@@ -813,7 +804,7 @@ __global__ void k_combine(const float *weights, const void *eout, int64_t k, con
     }
 #pragma unroll
     for (int i = 0; i < CPT; i++) {
-        const float v = round_act(acc[i], act);
+        const float v = cu_round_act(acc[i], act);
         float *o = out + t * H + h + i;
         *o = mode == 0 ? v : __fadd_rn(*o, v);
     }

@@ -119,12 +119,12 @@ static cu_w2c_args w2c_args(const cu_block_shape *sh, const cu_block_w *ly, cons
 }
 
 /* Whether the routed W2 call m2 of this block takes the combine fused in (one TP rank, direct
- * dispatch on the decode kernel, top-k <= W2C_MAX_K; not with kernels=generic, whose k_mm and
- * k_combine are the exact pair that checks it; not where the bench asks for the separate
- * combine). */
+ * dispatch on the decode kernel, top-k <= W2C_MAX_K, where it is no slower: cu_mm_w2c_pays; not
+ * with kernels=generic, whose k_mm and k_combine are the exact pair that checks it; not where
+ * the bench asks for the separate combine). */
 static bool w2c_fused(const cu_block_shape *sh, const cu_mm_call *m2)
 {
-    return sh->tp_rank >= 0 && !sh->separate_combine && cu_mm_w2c_fits(m2, sh->k);
+    return sh->tp_rank >= 0 && !sh->separate_combine && cu_mm_w2c_pays(m2, sh->k);
 }
 
 /* Grouped dispatch: sort the call's slots by expert into packs (cu_mm_group) of the size the
@@ -173,6 +173,27 @@ static td_status shared_join(const cu_block_ws *c, td_status st, td_err *err)
     return st;
 }
 
+/* The routed experts of rank ri on the tensor-core path: W13 + SwiGLU, then W2, which takes the
+ * combine (*fused) where w2c_fused says so, after the shared expert (*pending: forked and not
+ * yet joined) whose output that combine reads is joined. */
+static td_status routed_mm(const cu_block_shape *sh, const cu_block_w *ly, const cu_block_ws *c, int ri, bool grouped,
+                           int64_t Mc, int64_t il, bool pdl, bool *pending, bool *fused, td_err *err)
+{
+    cu_mm_call m13, m2;
+    mm_expert_calls(sh, c, &ly->w13, &ly->w2, ri, sh->nr, true, grouped, Mc, il, c->act16, c->eout16, pdl, 0, &m13,
+                    &m2);
+    *fused = w2c_fused(sh, &m2);
+    td_status st = cu_mm(&m13, c->s, err);
+    if (!*fused) return st ? st : cu_mm(&m2, c->s, err);
+    if (*pending) {
+        st = shared_join(c, st, err);
+        *pending = false;
+    }
+    if (st) return st;
+    const cu_w2c_args cb = w2c_args(sh, ly, c);
+    return cu_mm_w2c(&m2, &cb, c->s, err);
+}
+
 td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_block_ws *c, cu_block_part part,
                        bool routed, int64_t Mc, td_err *err)
 {
@@ -186,17 +207,8 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
         if (!ly->mm)
             return td_err_set(err, TD_ERR_UNSUPPORTED, "cuda moe: the routed part alone runs on the tensor-core path only");
         if (sh->grouped) st = group_slots(sh, ly, c, Mc, false, err);
-        if (st) return st;
-        cu_mm_call m13, m2;
-        mm_expert_calls(sh, c, &ly->w13, &ly->w2, 0, sh->nr, true, sh->grouped, Mc, il, c->act16, c->eout16,
-                        sh->grouped, 0, &m13, &m2);
-        st = cu_mm(&m13, s, err);
-        if (st) return st;
-        if (w2c_fused(sh, &m2)) { /* as the block runs it: W2 with its combine */
-            const cu_w2c_args cb = w2c_args(sh, ly, c);
-            return cu_mm_w2c(&m2, &cb, s, err);
-        }
-        return cu_mm(&m2, s, err);
+        bool pending = false, fused = false; /* W2 with its combine where the block has it */
+        return st ? st : routed_mm(sh, ly, c, 0, sh->grouped, Mc, il, sh->grouped, &pending, &fused, err);
     }
     const bool all = sh->tp_rank < 0;
     const int r0 = all ? 0 : sh->tp_rank, r1 = all ? T : sh->tp_rank + 1;
@@ -266,21 +278,7 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
         }
         bool fused = false; /* W2 took the combine */
         if (ly->mm) {
-            cu_mm_call m13, m2;
-            mm_expert_calls(sh, c, &ly->w13, &ly->w2, ri, sh->nr, true, grouped, Mc, il, c->act16, c->eout16, true, 0,
-                            &m13, &m2);
-            fused = w2c_fused(sh, &m2);
-            st = cu_mm(&m13, s, err);
-            if (fused) { /* the combine inside W2 reads the shared expert's output: join before it */
-                if (pending) {
-                    st = shared_join(c, st, err);
-                    pending = false;
-                }
-                const cu_w2c_args cb = w2c_args(sh, ly, c);
-                if (!st) st = cu_mm_w2c(&m2, &cb, s, err);
-            } else if (!st) {
-                st = cu_mm(&m2, s, err);
-            }
+            st = routed_mm(sh, ly, c, ri, grouped, Mc, il, true, &pending, &fused, err);
         } else {
             st = cu_moe_w13(ly->gate, ly->up, r * il, il, c->ids, k, Mc * k, c->xa, H, act, c->act, s, err);
             if (!st) st = cu_moe_w2(ly->down, r * il, il, c->ids, Mc * k, c->act, H, act, c->eout, s, err);

@@ -305,12 +305,6 @@ __device__ __forceinline__ uint32_t e2m1x2_act(uint32_t w)
     return ACT == 1 ? e2m1x2_f16<J>(w) : e2m1x2_bf16<J>(w);
 }
 
-__device__ __forceinline__ float round_act16(float v, int act)
-{
-    if (act == 1) return __half2float(__float2half_rn(v));
-    return __bfloat162float(__float2bfloat16_rn(v));
-}
-
 template <int ACT>
 __device__ __forceinline__ void mma16816(const uint32_t a[4], uint32_t b0, uint32_t b1, float &c0, float &c1,
                                          float &c2, float &c3)
@@ -365,6 +359,10 @@ struct mm_args {
  * (w / 16) * 16 + (u & 3) * 4 + b * 2 + (u >> 2), with b = (w % 16) / 8 (the 16-column block)
  * and u = w % 8: lane quad q then finds the four words it needs (columns 2q and 2q+8 of both
  * blocks) side by side, so one 16-byte load fetches them. */
+
+/* The word of a staged row where the 16-byte piece v of the input row (columns 8v .. 8v + 7)
+ * starts, for rows staged from step s0 on (its four words at +0, +4, +8, +12: store_x4). */
+__device__ __forceinline__ int xs_word(int v, int s0) { return ((v >> 2) - s0) * 16 + ((v & 3) >> 1) * 2 + (v & 1); }
 
 /* The exact BF16 split of two FP16 values (one 32-bit word): hi = bf16(x), lo = bf16(x - hi). */
 __device__ __forceinline__ void split_hi_lo(uint32_t w, uint32_t &uh, uint32_t &ul)
@@ -433,8 +431,7 @@ __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, 
                 const int slot = plist ? plist[j] : (int)slot0 + j;
                 if (v < valid)
                     q4[u] = __ldg(reinterpret_cast<const uint4 *>(a.c.in16 + (int64_t)(slot / div) * a.c.in_ld) + v);
-                const int m = v & 3;
-                dst[u] = xs + j * xs_w + ((v >> 2) - s0) * 16 + (m >> 1) * 2 + (m & 1);
+                dst[u] = xs + j * xs_w + xs_word(v, s0);
             }
         }
 #pragma unroll
@@ -633,7 +630,7 @@ __device__ __forceinline__ float swiglu_h(float gate, float up)
 {
     const double d = (double)gate;
     const float silu = (float)(d / (1.0 + exp(-d)));
-    return round_act16(__fmul_rn(silu, up), ACT);
+    return cu_round_act(__fmul_rn(silu, up), ACT);
 }
 
 /* The SwiGLU epilogue of N token tiles (N known at compile time): the 2N evaluations of a lane
@@ -698,7 +695,7 @@ __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int
             if (nt >= ntn) break;
 #pragma unroll
             for (int t = 0; t < 2; t++) {
-                /* one rounding to act_dtype: bits16 of round_act16(x) is bits16(x), NaNs included
+                /* one rounding to act_dtype: bits16 of cu_round_act(x) is bits16(x), NaNs included
                  * (a 16-bit value converts back to itself) */
                 const uint32_t p0 = bits16(v[nt][t], ACT), p1 = bits16(v[nt][2 + t], ACT);
                 const uint32_t a0 = __shfl_sync(0xffffffffu, p0, la), a1 = __shfl_sync(0xffffffffu, p1, la);
@@ -731,7 +728,7 @@ __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int
                 for (int hh = 0; hh < 2; hh++) {
                     const int64_t r = rt * 16 + g + 8 * hh;
                     if (r >= c.out_n) continue;
-                    const float x = epi == CU_MM_F32 ? v[nt][2 * hh + t] : round_act16(v[nt][2 * hh + t], ACT);
+                    const float x = epi == CU_MM_F32 ? v[nt][2 * hh + t] : cu_round_act(v[nt][2 * hh + t], ACT);
                     if (c.out) c.out[slot * c.out_ld + r] = x;
                     if (c.out16) store16(c.out16 + slot * c.out_ld + r, x, ACT);
                 }
@@ -1135,7 +1132,7 @@ __global__ void __launch_bounds__(256) k_round_split(const float *x, float *xa, 
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             b[j] = bits16(f[j], ACT);
-            r[j] = round_act16(f[j], ACT);
+            r[j] = cu_round_act(f[j], ACT);
         }
         q = make_uint4(b[0] | b[1] << 16, b[2] | b[3] << 16, b[4] | b[5] << 16, b[6] | b[7] << 16);
         *reinterpret_cast<uint4 *>(x16 + t * H + c0) = q;
@@ -1302,14 +1299,14 @@ __device__ __forceinline__ dec_pos dec_next(const mm_args &a, dec_pos p, int tbx
     return p;
 }
 
-/* Source of chunk 0 of row tile rt of the position's matrix: weights and scales. */
+/* Source of chunk 0 of row tile rt of matrix mat: weights and scales. */
 template <int WK, int CH>
-__device__ __forceinline__ void dec_src(const mm_args &a, const dec_pos &p, int rt, const uint8_t *&gw, const uint8_t *&gs)
+__device__ __forceinline__ void dec_src(const mm_args &a, int64_t mat, int rt, const uint8_t *&gw, const uint8_t *&gs)
 {
     typedef dec_sizes<WK, CH> Z;
     const int64_t step0 = (int64_t)rt * a.geo.KS;
-    gw = a.c.W.w + p.mat * a.c.W.mat_w + step0 * 256;
-    gs = a.c.W.s + p.mat * a.c.W.mat_s + step0 * (Z::s / CH);
+    gw = a.c.W.w + mat * a.c.W.mat_w + step0 * 256;
+    gs = a.c.W.s + mat * a.c.W.mat_s + step0 * (Z::s / CH);
 }
 
 /* Lane 0 issues one chunk (weights, then scales) into `buf`, completing on `bar`. The expert
@@ -1345,7 +1342,7 @@ template <int WK, int CH, int DW> struct dec_stream {
         ch = 0;
         rt = pos.tb * DW + warp;
         live = rt < (int)(a.c.W.R / 16);
-        dec_src<WK, CH>(a, pos, rt, gw, gs);
+        dec_src<WK, CH>(a, pos.mat, rt, gw, gs);
     }
     __device__ __forceinline__ bool more(void) const { return it < it1; }
     /* Issue the cursor's chunk into `buf` (nothing for a padding tile) and advance. */
@@ -1361,7 +1358,7 @@ template <int WK, int CH, int DW> struct dec_stream {
                 pos = dec_next(a, pos, tbx);
                 rt = pos.tb * DW + warp;
                 live = rt < (int)(a.c.W.R / 16);
-                dec_src<WK, CH>(a, pos, rt, gw, gs);
+                dec_src<WK, CH>(a, pos.mat, rt, gw, gs);
             }
         }
     }
@@ -1564,7 +1561,7 @@ __device__ __forceinline__ void dec_tail_run(const mm_args &a, int tbx, const td
     const uint32_t buf_s = cu_smem_addr(buf), bar = bar_s + slot * 8;
     if (live) {
         const uint8_t *gw, *gs;
-        dec_src<WK, CH>(a, p, rt, gw, gs);
+        dec_src<WK, CH>(a, p.mat, rt, gw, gs);
         dec_issue<WK, CH>(gw + (int64_t)ch * Z::w, gs + (int64_t)ch * Z::s, buf_s, bar, lane);
     }
     __syncthreads(); /* every warp is done with the staged rows of its last item */
@@ -1702,9 +1699,11 @@ __global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<N
 
 /* ==== the routed W2 with the combine fused in (k_w2c) ==================================== */
 
-/* Stage input row `slot` into this warp's own staged row xs (stage_x's layout, row 0): 16 bytes
- * per lane, a lane's loads of a round issued before its stores; columns at or beyond in_cols
- * become 0. Ends with __syncwarp(). */
+/* Stage input row `slot` into this warp's own staged row xs (stage_x's layout, row 0; the warp's
+ * own loop: with stage_x's block-wide index arithmetic, a division and a destination pointer
+ * per load, k_w2c's routed part at M = 1 took 21.79-21.86 us against 21.22-21.44): 16
+ * bytes per lane, a lane's loads of a round issued before its stores; columns at or beyond
+ * in_cols become 0. Ends with __syncwarp(). */
 __device__ __forceinline__ void w2c_stage(const mm_args &a, int64_t slot, uint32_t *xs, int lane)
 {
     const int valid = (int)(a.c.in_cols / 8), nv = (int)(a.c.W.K / 8);
@@ -1718,8 +1717,8 @@ __device__ __forceinline__ void w2c_stage(const mm_args &a, int64_t slot, uint32
         }
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            const int v = base + u * 32, m = v & 3;
-            if (v < nv) store_x4<false>(q4[u], xs + (v >> 2) * 16 + (m >> 1) * 2 + (m & 1), 0);
+            const int v = base + u * 32;
+            if (v < nv) store_x4<false>(q4[u], xs + xs_word(v, 0), 0);
         }
     }
     __syncwarp();
@@ -1742,10 +1741,9 @@ struct w2c_stream {
             t = tt;
             mat = (int64_t)c.ids[(int64_t)tt * k + warp] * c.mats_per_expert + c.mat_off;
         }
-        const int64_t step0 = (int64_t)rt * a.geo.KS;
-        const uint8_t *gw = c.W.w + mat * c.W.mat_w + step0 * 256 + (int64_t)ch * Z::w;
-        const uint8_t *gs = c.W.s + mat * c.W.mat_s + step0 * (Z::s / CH) + (int64_t)ch * Z::s;
-        dec_issue<0, CH>(gw, gs, buf, bar, lane);
+        const uint8_t *gw, *gs;
+        dec_src<0, CH>(a, mat, rt, gw, gs);
+        dec_issue<0, CH>(gw + (int64_t)ch * Z::w, gs + (int64_t)ch * Z::s, buf, bar, lane);
         if (++ch == a.geo.NC) {
             ch = 0;
             it++;
@@ -1858,7 +1856,7 @@ __global__ void __launch_bounds__(W2C_MAX_K * 32, 2) k_w2c(mm_args a, cu_w2c_arg
             float acc = 0.0f;
             for (int j = 0; j < k; j++) acc = cu_combine_add(acc, wk[j], cu_from16(ys[par][j][lane], ACT));
             if (cb.sgdot) acc = cu_combine_add(acc, sg, shv);
-            cb.out[(int64_t)t * cb.H + r] = round_act16(acc, ACT);
+            cb.out[(int64_t)t * cb.H + r] = cu_round_act(acc, ACT);
         }
     }
 }
@@ -2553,25 +2551,36 @@ static size_t w2c_smem(int64_t k, const mm_geo &g)
     return (size_t)k * ((size_t)DEC_STAGES * (size_t)dec_chunk_bytes(0, g.chunk) + (size_t)g.xs_w * 4);
 }
 
+/* k_w2c's grid for a call of `items` (token x row tile) items: persistent, at most two blocks
+ * per SM (its launch bounds; its static barriers and buffers take < 1 KB), as its shared memory
+ * allows. */
+static int64_t w2c_grid(int64_t items, size_t smem, int sms, int *bps)
+{
+    *bps = blocks_per_sm(smem, 2048, 2);
+    return items < (int64_t)sms * *bps ? items : (int64_t)sms * *bps;
+}
+
 bool cu_mm_w2c_fits(const cu_mm_call *c, int64_t k)
 {
-    if (k < 1 || k > W2C_MAX_K || !c->ids || c->perm || c->pack != 1 || c->nslots < k || c->nslots % k ||
-        c->epi != CU_MM_STORE || c->out || !c->out16 || c->W.raw || !dec_fits(&c->W, c->generic, 1))
-        return false;
-    const mm_geo g = geo_of(c->W.K);
-    const size_t smem = w2c_smem(k, g);
-    int dev = 0, sms = 0;
-    if (smem > DEC_SMEM_MAX || cudaGetDevice(&dev) != cudaSuccess ||
+    return k >= 1 && k <= W2C_MAX_K && c->ids && !c->perm && c->pack == 1 && c->nslots >= k && c->nslots % k == 0 &&
+           c->epi == CU_MM_STORE && !c->out && c->out16 && !c->W.raw && dec_fits(&c->W, c->generic, 1) &&
+           w2c_smem(k, geo_of(c->W.K)) <= DEC_SMEM_MAX && c->nslots / k * (c->W.R / 16) <= 0x7fffffff;
+}
+
+bool cu_mm_w2c_pays(const cu_mm_call *c, int64_t k)
+{
+    int dev = 0, sms = 0, bps = 0;
+    if (!cu_mm_w2c_fits(c, k) || cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         return false;
     /* the grids both launches would take: k_dec's W2 (one 8-token tile, 8 warps) and k_w2c's */
+    const mm_geo g = geo_of(c->W.K);
     const int64_t RT = c->W.R / 16, tokens = c->nslots / k, DW = dec_occupancy<1>::warps;
-    const int64_t items_dec = c->nslots * ((RT + DW - 1) / DW), items_w2c = tokens * RT;
-    if (items_dec > 0x7fffffff || items_w2c > 0x7fffffff) return false;
+    const int64_t items_dec = c->nslots * ((RT + DW - 1) / DW);
+    if (items_dec > 0x7fffffff) return false;
     const int64_t bd = (int64_t)sms * blocks_per_sm(dec_smem(dec_ring_bytes(0, g.chunk, 1), 1, g.xs_w), 1024,
                                                     dec_occupancy<1>::blocks);
-    const int64_t bw = (int64_t)sms * blocks_per_sm(smem, 2048, 2);
-    const int B = (int)(items_dec < bd ? items_dec : bd), G = (int)(items_w2c < bw ? items_w2c : bw);
+    const int B = (int)(items_dec < bd ? items_dec : bd), G = (int)w2c_grid(tokens * RT, w2c_smem(k, g), sms, &bps);
     return td_w2c_pays((int)tokens, (int)k, (int)RT, g.NC, (int)DW, B, G) != 0;
 }
 
@@ -2579,13 +2588,10 @@ template <int ACT, int CH>
 static td_status launch_w2c(const mm_args &a, const cu_w2c_args &cb, cudaStream_t s, td_err *err)
 {
     const size_t smem = w2c_smem(cb.k, a.geo);
-    int dev = 0, sms = 0;
+    int dev = 0, sms = 0, bps = 0;
     const td_status sst = sm_count(&dev, &sms, err);
     if (sst) return sst;
-    /* the kernel's static barriers and buffers take < 1 KB; its launch bounds allow 2 blocks */
-    const int bps = blocks_per_sm(smem, 2048, 2);
-    const int64_t items = a.c.nslots / cb.k * (a.c.W.R / 16);
-    const int64_t grid = items < (int64_t)sms * bps ? items : (int64_t)sms * bps;
+    const int64_t grid = w2c_grid(a.c.nslots / cb.k * (a.c.W.R / 16), smem, sms, &bps);
     void (*const kern)(mm_args, cu_w2c_args) = k_w2c<ACT, CH>;
     size_t launch_smem = smem;
     const td_status pst = spread_smem((const void *)kern, grid, sms, bps, dev, smem, &launch_smem, err);

@@ -236,8 +236,11 @@ typedef struct cu_w2c_args {
     float *out;                  /* [M, H] the block output */
     int64_t H, k;
 } cu_w2c_args;
-/* Whether cu_mm_w2c takes the W2 call c with k slots per token (1 <= k <= W2C_MAX_K). */
+/* Whether cu_mm_w2c can take the W2 call c with k slots per token (1 <= k <= W2C_MAX_K, prepared
+ * storage, the rest as above); cu_mm_w2c_pays: whether it is also no slower than cu_mm's W2 by
+ * the kernels' chunk rounds on this device (td_w2c_pays, cuda/dec_split.h), the engine's choice. */
 bool cu_mm_w2c_fits(const cu_mm_call *c, int64_t k);
+bool cu_mm_w2c_pays(const cu_mm_call *c, int64_t k);
 td_status cu_mm_w2c(const cu_mm_call *c, const cu_w2c_args *cb, cudaStream_t s, td_err *err);
 /* Bytes of a cu_mm_call's split_ws for `tokens` tokens and K (padded) columns (FP16 inputs; BF16
  * inputs use half of it). */
