@@ -631,3 +631,15 @@ void td_engine_model_from_config(const td_config *c, td_engine_model *m)
     m->shared_inter = c->shared_expert_intermediate_size;
     m->norm_topk_prob = c->norm_topk_prob;
 }
+
+td_status td_engine_check_tp(const td_config *c, int tp_size, const char *engine, const char *checkpoint,
+                             td_err *err)
+{
+    if (tp_size <= 1 || c->num_experts <= 0) return TD_OK;
+    if (c->moe_intermediate_size % tp_size == 0 && c->shared_expert_intermediate_size % tp_size == 0) return TD_OK;
+    return td_err_set(err, TD_ERR_ARG,
+                      "engine %s: tp_size %d does not divide moe_intermediate_size %lld / "
+                      "shared_expert_intermediate_size %lld of %s",
+                      engine, tp_size, (long long)c->moe_intermediate_size,
+                      (long long)c->shared_expert_intermediate_size, checkpoint);
+}

@@ -235,6 +235,12 @@ typedef struct td_engine_model {
 /* The description of the model a config gives (every field from its config.json key). */
 void td_engine_model_from_config(const td_config *c, td_engine_model *m);
 
+/* TD_OK when tp_size (>= 1) divides the config's routed and shared expert intermediate sizes
+ * (always for a model without MoE); TD_ERR_ARG otherwise, the message naming the engine, both
+ * sizes and the checkpoint. */
+td_status td_engine_check_tp(const td_config *c, int tp_size, const char *engine, const char *checkpoint,
+                             td_err *err);
+
 /* ---- taps ---------------------------------------------------------------------------------- */
 
 #define TD_TAP_NAME_MAX 64

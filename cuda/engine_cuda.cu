@@ -609,15 +609,7 @@ static td_status cu_load(const char *checkpoint, const td_variant *v, td_engine 
     {
         const td_config *cf = &c->cfg;
         td_engine_model_from_config(cf, &c->base.model);
-        if (v->tp_size > 1 && cf->num_experts > 0 &&
-            (cf->moe_intermediate_size % v->tp_size || cf->shared_expert_intermediate_size % v->tp_size)) {
-            st = td_err_set(err, TD_ERR_ARG,
-                            "engine cuda: tp_size %d does not divide moe_intermediate_size %lld / "
-                            "shared_expert_intermediate_size %lld of %s",
-                            v->tp_size, (long long)cf->moe_intermediate_size,
-                            (long long)cf->shared_expert_intermediate_size, checkpoint);
-            goto fail;
-        }
+        if ((st = td_engine_check_tp(cf, v->tp_size, "cuda", checkpoint, err))) goto fail;
         cu_block_shape *bs = &c->shape;
         bs->H = cf->hidden_size;
         bs->E = cf->num_experts;

@@ -317,15 +317,7 @@ static td_status ref_load(const char *checkpoint, const td_variant *v, td_engine
     r->opts.tp_size = v->tp_size;
     r->opts.tp_rank = v->tp_rank;
     r->rp = (ref_rowpar){.tp_size = v->tp_size, .tp_rank = v->tp_rank, .act = v->act_dtype};
-    if (v->tp_size > 1 && c->num_experts > 0 &&
-        (c->moe_intermediate_size % v->tp_size || c->shared_expert_intermediate_size % v->tp_size)) {
-        st = td_err_set(err, TD_ERR_ARG,
-                        "engine ref: tp_size %d does not divide moe_intermediate_size %lld / "
-                        "shared_expert_intermediate_size %lld of %s",
-                        v->tp_size, (long long)c->moe_intermediate_size,
-                        (long long)c->shared_expert_intermediate_size, checkpoint);
-        goto fail;
-    }
+    if ((st = td_engine_check_tp(c, v->tp_size, "ref", checkpoint, err))) goto fail;
     r->ad = (ref_attn_dims){.hidden = c->hidden_size, .heads = c->num_attention_heads,
                             .kv_heads = c->num_key_value_heads, .head_dim = c->head_dim,
                             .rot = td_config_rotary_dim(c), .theta = c->rope_theta, .eps = (float)c->rms_norm_eps};

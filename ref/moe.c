@@ -216,6 +216,22 @@ typedef struct moe_run {
     float *out;                 /* [M, H] */
 } moe_run;
 
+/* A run of M tokens over the layer's shapes; the rest zero. */
+static moe_run moe_run_of(const ref_moe_weights *w, const ref_moe_opts *o, ref_moe_ws *ws, int64_t M)
+{
+    moe_run R;
+    memset(&R, 0, sizeof R);
+    R.w = w;
+    R.o = o;
+    R.ws = ws;
+    R.M = M;
+    R.H = w->hidden;
+    R.E = w->n_experts;
+    R.k = w->top_k;
+    R.lmax = (size_t)(M * w->top_k > M ? M * w->top_k : M);
+    return R;
+}
+
 static float *worker_scratch(const moe_run *R, int worker)
 {
     return R->ws->scratch + (size_t)worker * REF_LINEAR_SCRATCH(R->ws->max_cols);
@@ -415,16 +431,7 @@ td_status ref_moe_router(const ref_moe_weights *w, const ref_moe_opts *o, ref_po
     td_status st = check_reserved(w, ws, M, pool, err);
     if (st) return st;
     if (!w->has_router) return td_err_set(err, TD_ERR_NOTFOUND, "ref moe: the layer has no router");
-    moe_run R;
-    memset(&R, 0, sizeof R);
-    R.w = w;
-    R.o = o;
-    R.ws = ws;
-    R.M = M;
-    R.H = w->hidden;
-    R.E = w->n_experts;
-    R.k = w->top_k;
-    R.lmax = (size_t)(M * w->top_k > M ? M * w->top_k : M);
+    moe_run R = moe_run_of(w, o, ws, M);
     round_input(o, ws, x, M * R.H);
     ref_pool_run(pool, ceil_div(R.E, ROUTER_CHUNK), router_item, &R);
     memcpy(out, ws->logits, (size_t)(M * R.E) * sizeof(float));
@@ -490,16 +497,7 @@ td_status ref_moe_run(const ref_moe_weights *w, const ref_moe_opts *o, ref_pool 
         return td_err_set(err, TD_ERR_RANGE,
                           "ref moe: intermediate sizes %lld (experts) and %lld (shared) are not divisible by tp_size %d",
                           (long long)w->inter, (long long)w->shared_inter, T);
-    moe_run R;
-    memset(&R, 0, sizeof R);
-    R.w = w;
-    R.o = o;
-    R.ws = ws;
-    R.M = M;
-    R.H = w->hidden;
-    R.E = w->n_experts;
-    R.k = w->top_k;
-    R.lmax = (size_t)(M * w->top_k > M ? M * w->top_k : M);
+    moe_run R = moe_run_of(w, o, ws, M);
     const int64_t nk = M * R.k;
     if (ids) {
         for (int64_t s = 0; s < nk; s++)

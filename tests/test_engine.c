@@ -553,10 +553,49 @@ static void engine_model_from_config_copies_every_field(void **state)
     assert_false(m.norm_topk_prob);
 }
 
+/* td_engine_check_tp: every tp_size that divides both intermediate sizes passes, every other
+ * one fails naming the engine, both sizes and the checkpoint; a model without MoE passes. */
+static void engine_check_tp(void **state)
+{
+    (void)state;
+    td_config c;
+    memset(&c, 0, sizeof c);
+    c.num_experts = 8;
+    c.moe_intermediate_size = 96;
+    c.shared_expert_intermediate_size = 64;
+    td_err err;
+    for (int tp = 1; tp <= 40; tp++) {
+        td_err_clear(&err);
+        const bool divides = 96 % tp == 0 && 64 % tp == 0;
+        const td_status st = td_engine_check_tp(&c, tp, "cuda", "CKPT", &err);
+        if (divides) {
+            assert_int_equal(st, TD_OK);
+            assert_string_equal(err.msg, "");
+        } else {
+            assert_int_equal(st, TD_ERR_ARG);
+            char want[160];
+            snprintf(want, sizeof want,
+                     "engine cuda: tp_size %d does not divide moe_intermediate_size 96 / "
+                     "shared_expert_intermediate_size 64 of CKPT",
+                     tp);
+            assert_non_null(strstr(err.msg, want));
+        }
+    }
+    td_err_clear(&err);
+    assert_int_equal(td_engine_check_tp(&c, 3, "ref", "CKPT", &err), TD_ERR_ARG); /* divides 96 only */
+    assert_non_null(strstr(err.msg, "engine ref: tp_size 3 "));
+    c.shared_expert_intermediate_size = 0; /* no shared expert: only the routed size counts */
+    assert_int_equal(td_engine_check_tp(&c, 3, "ref", "CKPT", &err), TD_OK);
+    c.num_experts = 0; /* a dense model: nothing to slice */
+    c.moe_intermediate_size = 0;
+    assert_int_equal(td_engine_check_tp(&c, 7, "ref", "CKPT", &err), TD_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(engine_model_from_config_copies_every_field),
+        cmocka_unit_test(engine_check_tp),
         cmocka_unit_test(variant_parse_valid),
         cmocka_unit_test(variant_parse_errors),
         cmocka_unit_test(variant_diff_and_neutral),
