@@ -63,6 +63,7 @@ static void mm_expert_calls(const cu_block_shape *sh, const cu_block_ws *ws, con
     m.epi = CU_MM_SWIGLU;
     m.act = sh->act;
     m.generic = sh->generic;
+    m.dec_narrow = routed_slots && sh->dec_narrow;
     m.pdl = pdl ? 2 : 0;
     if (!routed_slots) {
         m.split_ws = ws->sp_sh;

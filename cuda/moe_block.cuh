@@ -58,6 +58,11 @@ typedef struct cu_block_shape {
     bool grouped;
     bool generic;               /* every projection on the general kernel (kernels=generic) */
     bool separate_combine;      /* never fuse the combine into the routed W2 (the bench's A/B) */
+    bool dec_narrow;            /* the routed experts' one-tile decode-kernel calls may run on
+                                   blocks of 5 warps where those walk fewer chunk rounds
+                                   (cu_mm_call::dec_narrow; the same bits); off in the engine
+                                   until measured (docs/cuda.md), on with moe_decode
+                                   --dec-narrow */
 } cu_block_shape;
 
 /* Workspace for up to C tokens (sizes in brackets). The intermediates of an expert on the

@@ -1249,6 +1249,16 @@ template <int NT> struct dec_occupancy {
     static constexpr int blocks = NT == 1 ? DEC_BLOCKS : 1;
     static constexpr int warps = dec_warps(NT);
 };
+/* The narrow one-tile shape (cuda/dec_split.h): blocks of 5 warps, 5 per SM, without the tail;
+ * a launch takes it where td_dec_narrow_pays finds fewer chunk rounds and the call asks for it
+ * (cu_mm_call::dec_narrow). */
+#define DEC_NARROW_WARPS TD_DEC_NARROW_WARPS
+#define DEC_NARROW_BLOCKS 5
+/* Blocks per SM that k_dec with NT tiles and DW warps per block is built for (registers). */
+__host__ __device__ constexpr int dec_blocks(int nt, int dw)
+{
+    return nt != 1 ? 1 : dw == DEC_NARROW_WARPS ? DEC_NARROW_BLOCKS : DEC_BLOCKS;
+}
 /* Chunk buffers per warp: DEC_STAGES - 1 chunks are in flight while one is computed (at most
  * 32: one mbarrier per buffer, phases kept in one word). Deeper rings for grids of one or two
  * blocks per SM (decode with few experts) were measured slower (docs/perf.md). */
@@ -1264,10 +1274,15 @@ template <int WK, int CH> struct dec_sizes {
     static constexpr int chunk = dec_chunk_bytes(WK, CH);
 };
 
-/* Bytes of a block's rings (DEC_STAGES buffers per warp), ahead of its staged rows. */
+/* Bytes of a block's rings (DEC_STAGES buffers per warp), ahead of its staged rows: for
+ * `warps` warps, and for the warps of NT tiles' usual shape. */
+__host__ __device__ constexpr int dec_ring_bytes_w(int wk, int ch, int warps)
+{
+    return warps * DEC_STAGES * dec_chunk_bytes(wk, ch);
+}
 __host__ __device__ constexpr int dec_ring_bytes(int wk, int ch, int nt)
 {
-    return dec_warps(nt) * DEC_STAGES * dec_chunk_bytes(wk, ch);
+    return dec_ring_bytes_w(wk, ch, dec_warps(nt));
 }
 template <int WK, int CH, int NT> struct dec_rings {
     static constexpr int bytes = dec_ring_bytes(WK, CH, NT);
@@ -1596,20 +1611,20 @@ __device__ __forceinline__ void dec_tail_run(const mm_args &a, int tbx, const td
 /* TAIL: the instantiation with the last items by chunks (NT = 1 only); the host takes the one
  * without where no block can have a tail (td_dec_tail_possible), so those launches run no
  * code of it. */
-template <int WK, int ACT, int CH, int NT, bool TAIL, int EPI>
-__global__ void __launch_bounds__(dec_occupancy<NT>::warps * 32, dec_occupancy<NT>::blocks)
-    k_dec(mm_args a, int tbx)
+template <int WK, int ACT, int CH, int NT, bool TAIL, int EPI, int DW>
+__global__ void __launch_bounds__(DW * 32, dec_blocks(NT, DW)) k_dec(mm_args a, int tbx)
 {
     static_assert(NT == 1 || !TAIL, "the last items by chunks are for one token tile");
+    static_assert(DW == dec_warps(NT) || (NT == 1 && !TAIL && DW == DEC_NARROW_WARPS),
+                  "the narrow blocks are for one token tile, without the tail");
     typedef dec_sizes<WK, CH> Z;
-    constexpr int DW = dec_occupancy<NT>::warps;
     extern __shared__ uint4 dec_sh[];
     __shared__ uint64_t bars[DW][DEC_STAGES];
     const cu_mm_call &c = a.c;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     uint8_t *ring = reinterpret_cast<uint8_t *>(dec_sh) + warp * DEC_STAGES * Z::chunk; /* this warp's buffers */
     uint64_t *bar = bars[warp];
-    uint32_t *xs = reinterpret_cast<uint32_t *>(reinterpret_cast<uint8_t *>(dec_sh) + dec_rings<WK, CH, NT>::bytes);
+    uint32_t *xs = reinterpret_cast<uint32_t *>(reinterpret_cast<uint8_t *>(dec_sh) + dec_ring_bytes_w(WK, CH, DW));
     const int NC = a.geo.NC, RT = (int)(c.W.R / 16);
     /* pdl 1 (early loads): the routes and groups are complete before this kernel starts, so it
      * lets its dependents launch, issues its first weight chunks, and waits for its
@@ -2125,17 +2140,17 @@ static cudaError_t set_wgp_smem(void)
 }
 
 /* The epilogue instances of one k_dec shape (dec_kernel). */
-template <int WK, int ACT, int CH, int NT, bool TAIL>
+template <int WK, int ACT, int CH, int NT, bool TAIL, int DW = dec_warps(NT)>
 static cudaError_t set_dec_epis(void)
 {
     if constexpr (WK == 1) {
-        return cudaFuncSetAttribute(k_dec<WK, ACT, CH, NT, TAIL, -1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        return cudaFuncSetAttribute(k_dec<WK, ACT, CH, NT, TAIL, -1, DW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     DEC_SMEM_MAX);
     } else {
-        cudaError_t e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, NT, TAIL, CU_MM_SWIGLU>,
+        cudaError_t e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, NT, TAIL, CU_MM_SWIGLU, DW>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
         if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, NT, TAIL, CU_MM_STORE>,
+            e = cudaFuncSetAttribute(k_dec<WK, ACT, CH, NT, TAIL, CU_MM_STORE, DW>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_SMEM_MAX);
         return e;
     }
@@ -2146,6 +2161,7 @@ static cudaError_t set_dec_smem(void)
 {
     cudaError_t e = set_dec_epis<WK, ACT, CH, 1, false>();
     if (e == cudaSuccess) e = set_dec_epis<WK, ACT, CH, 1, true>();
+    if (e == cudaSuccess) e = set_dec_epis<WK, ACT, CH, 1, false, DEC_NARROW_WARPS>();
     if (e == cudaSuccess) e = set_dec_epis<WK, ACT, CH, 2, false>();
     if (e == cudaSuccess) e = set_dec_epis<WK, ACT, CH, 3, false>();
     if constexpr (WK == 0)
@@ -2263,15 +2279,15 @@ static td_status launch(const mm_args &a, dim3 grid, cudaStream_t s, td_err *err
  * instead of 3,032; block 0.3-3 us faster at decode sizes). Raw storage keeps one instance
  * that reads the epilogue at run time: specialised, its W13 kernel was compiled to 72
  * registers instead of 79 and the block ran 0.7-2% slower (docs/perf.md). */
-template <int WK, int ACT, int CH, int NT, bool TAIL>
+template <int WK, int ACT, int CH, int NT, bool TAIL, int DW = dec_warps(NT)>
 static void (*dec_kernel(int epi))(mm_args, int)
 {
     if constexpr (WK == 1) {
         (void)epi;
-        return k_dec<WK, ACT, CH, NT, NT == 1 && TAIL, -1>;
+        return k_dec<WK, ACT, CH, NT, NT == 1 && TAIL, -1, DW>;
     } else {
-        if (epi == CU_MM_SWIGLU) return k_dec<WK, ACT, CH, NT, NT == 1 && TAIL, CU_MM_SWIGLU>;
-        return k_dec<WK, ACT, CH, NT, NT == 1 && TAIL, CU_MM_STORE>;
+        if (epi == CU_MM_SWIGLU) return k_dec<WK, ACT, CH, NT, NT == 1 && TAIL, CU_MM_SWIGLU, DW>;
+        return k_dec<WK, ACT, CH, NT, NT == 1 && TAIL, CU_MM_STORE, DW>;
     }
 }
 
@@ -2309,6 +2325,40 @@ static td_status spread_smem(const void *kern, int64_t grid, int sms, int bps, i
     return TD_OK;
 }
 
+/* Launch k_dec instance kern on `grid` blocks of `warps` warps over row-tile blocks of tbx
+ * (bps blocks per SM fit; smem: the dynamic bytes it uses, raised by spread_smem where the grid
+ * needs fewer blocks per SM). */
+static td_status dec_launch(void (*kern)(mm_args, int), const mm_args &a, int64_t grid, int warps, int64_t tbx,
+                            int bps, size_t smem, int sms, int dev, cudaStream_t s, td_err *err)
+{
+    size_t launch_smem = smem;
+    const td_status pst = spread_smem((const void *)kern, grid, sms, bps, dev, smem, &launch_smem, err);
+    if (pst) return pst;
+    TD_CU_TRY(err, cu_launch(kern, dim3((unsigned)grid), dim3((unsigned)(warps * 32)), launch_smem, s, a.c.pdl != 0,
+                             a, (int)tbx));
+    TD_CU_LAUNCHED(err, "k_dec");
+    return TD_OK;
+}
+
+/* The narrow blocks' grid for a one-tile call of direct dispatch (groups known on the host:
+ * nslots / pack), or 0 where they do not fit or walk no fewer rounds than the 8-warp grid B8
+ * (td_dec_narrow_pays). *tbx5: row-tile blocks of 5 per group; *bps5: blocks per SM. */
+template <int WK, int CH>
+static int64_t dec_narrow_grid(const mm_args &a, int sms, int64_t B8, int64_t *tbx5, int *bps5)
+{
+    const cu_mm_call &c = a.c;
+    if (!c.dec_narrow || c.perm || a.xrows > 8) return 0;
+    const size_t smem = dec_smem(dec_ring_bytes_w(WK, CH, DEC_NARROW_WARPS), a.xrows, a.geo.xs_w);
+    if (smem > DEC_SMEM_MAX) return 0;
+    *bps5 = blocks_per_sm(smem, 1024, DEC_NARROW_BLOCKS);
+    const int64_t groups = (c.nslots + c.pack - 1) / c.pack, RT = c.W.R / 16;
+    *tbx5 = (RT + DEC_NARROW_WARPS - 1) / DEC_NARROW_WARPS;
+    const int64_t items = groups * *tbx5, cap = (int64_t)sms * *bps5;
+    if (items <= 0 || items > 0x7fffffff || B8 > 0x7fffffff) return 0;
+    const int64_t B5 = items < cap ? items : cap;
+    return td_dec_narrow_pays((int)groups, (int)RT, a.geo.NC, (int)B8, (int)B5) ? B5 : 0;
+}
+
 template <int WK, int ACT, int CH, int NT>
 static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
 {
@@ -2327,6 +2377,19 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
     if (items > 0x7fffffff)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: %lld work items in one launch", (long long)items);
     const int64_t grid = items < (int64_t)sms * bps ? items : (int64_t)sms * bps;
+    if (!(a.c.epi == CU_MM_SWIGLU || (a.c.epi == CU_MM_STORE && !a.c.out)))
+        return td_err_set(err, TD_ERR_INTERNAL, "cuda moe: epilogue %d with float outputs on the decode kernel", a.c.epi);
+    if constexpr (NT == 1) {
+        /* the narrow blocks where the call asks for them and they walk fewer rounds; the same
+         * chunks and sums per row tile, so the same bits */
+        int64_t tbx5 = 0;
+        int bps5 = 0;
+        const int64_t grid5 = dec_narrow_grid<WK, CH>(a, sms, grid, &tbx5, &bps5);
+        if (grid5 > 0)
+            return dec_launch(dec_kernel<WK, ACT, CH, 1, false, DEC_NARROW_WARPS>(a.c.epi), a, grid5, DEC_NARROW_WARPS,
+                              tbx5, bps5, dec_smem(dec_ring_bytes_w(WK, CH, DEC_NARROW_WARPS), a.xrows, a.geo.xs_w),
+                              sms, dev, s, err);
+    }
     /* one tile: the kernel with the last items by chunks where a block may take some (the item
      * count is known here for direct dispatch; grouped dispatch counts its groups on the device) */
     bool tail = false;
@@ -2336,17 +2399,8 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
          * the safe choice (and n need not fit an int) */
         tail = n > items || td_dec_tail_possible((int)n, !a.c.perm, a.geo.NC, DW, (int)grid);
     }
-    if (!(a.c.epi == CU_MM_SWIGLU || (a.c.epi == CU_MM_STORE && !a.c.out)))
-        return td_err_set(err, TD_ERR_INTERNAL, "cuda moe: epilogue %d with float outputs on the decode kernel", a.c.epi);
-    void (*const kern)(mm_args, int) =
-        tail ? dec_kernel<WK, ACT, CH, NT, true>(a.c.epi) : dec_kernel<WK, ACT, CH, NT, false>(a.c.epi);
-    size_t launch_smem = smem;
-    const td_status pst = spread_smem((const void *)kern, grid, sms, bps, dev, smem, &launch_smem, err);
-    if (pst) return pst;
-    TD_CU_TRY(err, cu_launch(kern, dim3((unsigned)grid), dim3(DW * 32), launch_smem, s,
-                             a.c.pdl != 0, a, (int)tbx));
-    TD_CU_LAUNCHED(err, "k_dec");
-    return TD_OK;
+    return dec_launch(tail ? dec_kernel<WK, ACT, CH, NT, true>(a.c.epi) : dec_kernel<WK, ACT, CH, NT, false>(a.c.epi), a,
+                      grid, DW, tbx, bps, smem, sms, dev, s, err);
 }
 
 template <int WK, int ACT>
@@ -2581,7 +2635,16 @@ bool cu_mm_w2c_pays(const cu_mm_call *c, int64_t k)
     const int64_t bd = (int64_t)sms * blocks_per_sm(dec_smem(dec_ring_bytes(0, g.chunk, 1), 1, g.xs_w), 1024,
                                                     dec_occupancy<1>::blocks);
     const int B = (int)(items_dec < bd ? items_dec : bd), G = (int)w2c_grid(tokens * RT, w2c_smem(k, g), sms, &bps);
-    return td_w2c_pays((int)tokens, (int)k, (int)RT, g.NC, (int)DW, B, G) != 0;
+    /* the narrow blocks' grid, where the call may take them (launch_dec) */
+    int B5 = 0;
+    if (c->dec_narrow) {
+        const int64_t items5 = c->nslots * ((RT + DEC_NARROW_WARPS - 1) / DEC_NARROW_WARPS);
+        const int64_t b5 = (int64_t)sms * blocks_per_sm(dec_smem(dec_ring_bytes_w(0, g.chunk, DEC_NARROW_WARPS), 1,
+                                                                 g.xs_w),
+                                                        1024, DEC_NARROW_BLOCKS);
+        if (items5 <= 0x7fffffff) B5 = (int)(items5 < b5 ? items5 : b5);
+    }
+    return td_w2c_pays((int)tokens, (int)k, (int)RT, g.NC, (int)DW, B, B5, G) != 0;
 }
 
 template <int ACT, int CH>

@@ -34,6 +34,13 @@
 #   sanitize_w2c  memcheck and racecheck of the fused W2 (direct dispatch: chunks of 10 and 5
 #             steps, one and two chunks per row tile, FP16 and BF16, top-10), and racecheck of
 #             the decode kernel with raw storage
+#   narrow    the routed experts' narrow decode-kernel blocks (moe_decode --dec-narrow: 5 warps,
+#             5 per SM, where they walk fewer chunk rounds): first --check-narrow (the block with
+#             them off and on, bit for bit, poisoned outputs) for fp16 and bf16, prepared and
+#             raw, TP1 and the TP4 slice; then the A/B in one binary, three runs each, fp16 and
+#             bf16 direct and the TP4 slice, M = 1, 2, 4, 8, 16 (routed and block times)
+#   sanitize_narrow  memcheck and racecheck of the narrow blocks (W13 and W2 of direct
+#             dispatch at sizes where the rule takes them)
 #   ab        A/B of the bench against a baseline binary build/device/moe_decode_base (built
 #             from another commit, e.g. a git worktree, and carried beside the bundle): fp16
 #             direct and grouped, M = 1..16 and 784 grouped, bf16 grouped M = 1, 16, 784 and
@@ -52,6 +59,17 @@ cublas=$(ls /usr/local/cuda/lib64/libcublas.so.* 2>/dev/null | head -1)
 echo "cublas: $cublas" >> "$out/logs/gpu.txt"
 t() { local name=$1; shift; local t0=$(date +%s); "$@" > "$out/logs/$name.txt" 2>&1; local rc=$?;
       printf "%-28s rc=%d %ss\n" "$name" $rc $(( $(date +%s) - t0 )); }
+# abf PREFIX ON OFF FLAG: moe_decode with FLAG (logs PREFIX_ON_*) and without (PREFIX_OFF_*), the
+# two alternating, three runs each: fp16 and bf16 direct and the fp16 TP4 slice, M = 1..16
+abf() { local p=$1 on=$2 off=$3 flag=$4;
+  for run in 1 2 3; do
+    for v in $on $off; do
+      local f=; [ $v = $on ] && f=$flag
+      t ${p}_${v}_fp16_$run $B/moe_decode --no-cublas --act fp16 --M 1,2,4,8,16 $f
+      t ${p}_${v}_bf16_$run $B/moe_decode --no-cublas --act bf16 --M 1,2,4,8,16 $f
+      t ${p}_${v}_tp4_$run $B/moe_decode --no-cublas --act fp16 --tp 4 --M 1,2,4,8,16 $f
+    done
+  done; }
 for s in $secs; do case $s in
 tests)
   t test_cuda_moe $B/test_cuda_moe ;;
@@ -129,14 +147,7 @@ prefill)
     --print-source sass --csv $B/moe_decode --no-cublas --M 784 --iters 1 --sets 1 --act fp16 --dispatch grouped 2>&1 \
     | gzip > "$out/logs/sass_wgp_M784.csv.gz" ;;
 ab_combine)
-  for run in 1 2 3; do
-    for v in fused separate; do
-      f=; [ $v = separate ] && f=--separate-combine
-      t abc_${v}_fp16_$run $B/moe_decode --no-cublas --act fp16 --M 1,2,4,8,16 $f
-      t abc_${v}_bf16_$run $B/moe_decode --no-cublas --act bf16 --M 1,2,4,8,16 $f
-      t abc_${v}_tp4_$run $B/moe_decode --no-cublas --act fp16 --tp 4 --M 1,2,4,8,16 $f
-    done
-  done ;;
+  abf abc separate fused --separate-combine ;;
 sanitize_w2c)
   # direct dispatch, top-10, where W2 takes the combine fused in (td_w2c_pays): at the production
   # shape M = 1 (TP1) and M = 1, 4, 8 (the TP4 slice: chunks of 5 steps); hidden 320 with
@@ -152,6 +163,20 @@ sanitize_w2c)
   t racecheck_w2c_items compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 320 --shared 160 --topk 12 --M 40 --iters 2 --sets 1 --act fp16
   # raw storage on the decode kernel (the separate combine), the shape of racecheck_w2c_bf16
   t racecheck_raw_dec compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 320 --shared 160 --M 1,9 --iters 2 --sets 1 --act bf16 --storage raw ;;
+narrow)
+  for cfg in "--act fp16" "--act bf16" "--act fp16 --storage raw" "--act fp16 --tp 4" "--act bf16 --tp 4 --storage raw"; do
+    n=check_narrow_$(echo $cfg | tr -d '-' | tr ' ' '_')
+    t $n $B/moe_decode --no-cublas --check-narrow --iters 3 --sets 2 --M 1,2,3,4,5,8,9,16,17,32 $cfg
+  done
+  abf abn narrow wide --dec-narrow ;;
+sanitize_narrow)
+  # the production shape's W13 (8 chunks per row tile) and W2 (2 chunks) where the rule takes
+  # the narrow blocks (M = 4: 640 and 1,280 items on 660 blocks), the TP4 slice's W2 (1 chunk);
+  # racecheck at hidden 640 / inter 320 (W13 2 chunks, W2 1): M = 8 one item per block, M = 16
+  # (1,280 items of each on 660 blocks) one or two, blocks crossing groups (a new staged row)
+  t memcheck_narrow compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --dec-narrow --M 2,4 --iters 2 --sets 1 --act fp16
+  t memcheck_narrow_tp4 compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --dec-narrow --tp 4 --M 4,16 --iters 2 --sets 1 --act bf16 --storage raw
+  t racecheck_narrow compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --dec-narrow --experts 128 --hidden 640 --inter 320 --shared 160 --M 8,16 --iters 2 --sets 1 --act fp16 ;;
 ab)
   [ -x $B/moe_decode_base ] || { echo "ab: no $B/moe_decode_base"; exit 2; }
   for run in 1 2; do

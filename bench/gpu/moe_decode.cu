@@ -5,7 +5,8 @@
  *                   [--tp 1] [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]
  *                   [--kernels fast|generic] [--prio main|shared|off]
  *                   [--M 1,2,4,8,16,784] [--iters 200] [--sets 16] [--dense 8] [--seed 1] [--big V]
- *                   [--cublas LIB] [--no-cublas] [--no-presplit] [--separate-combine] [--db PATH] [--json]
+ *                   [--cublas LIB] [--no-cublas] [--no-presplit] [--separate-combine] [--dec-narrow]
+ *                   [--check-narrow] [--db PATH] [--json]
  *
  * Weights are synthetic (seeded hash of the index; E4M3 codes 0x38..0x5f, globals 2^-7) in the
  * engine's device layout for one TP rank: every expert's W13 and W2 NVFP4 matrices, a BF16
@@ -43,6 +44,11 @@
  * without being laid out for k_wgp (the same bits).
  * --separate-combine: the combine as its own launch after W2 everywhere (the block before W2
  * took it in), for an A/B in one binary; the variant stored to --db gets " +separate-combine".
+ * --dec-narrow: the routed experts' one-tile decode-kernel calls of direct dispatch may run on
+ * blocks of 5 warps, 5 per SM, where those walk fewer rounds of chunk transfers
+ * (cu_block_shape::dec_narrow; the engine keeps them off until an A/B has measured them); the
+ * variant gets " +dec-narrow". --check-narrow: before timing each M, the block of route set 0
+ * with the narrow blocks off and on, outputs and intermediates poisoned: bit-identical or exit 1.
  * --prio: the block's main stream (router, routing, routed experts, combine) or its
  * shared-expert stream created at the device's greatest priority, the other at its least, and
  * every graph instantiated with cudaGraphInstantiateFlagUseNodePriority (kernel nodes take
@@ -223,7 +229,7 @@ static void gemm_rowmajor(cublasHandle_t h, blas *b, const void *W, const void *
 typedef struct opts {
     int64_t H, E, I, k, Is, tp;
     int act;            /* 1 fp16, 2 bf16 */
-    bool raw, grouped, json, no_cublas, generic, no_presplit, separate_combine;
+    bool raw, grouped, json, no_cublas, generic, no_presplit, separate_combine, dec_narrow, check_narrow;
     int prio;           /* 0 off, 1 main stream high, 2 shared-expert stream high */
     std::vector<int64_t> Ms;
     int iters, sets, dense;
@@ -238,7 +244,8 @@ static void usage(void)
                     "                  [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]\n"
                     "                  [--kernels fast|generic] [--prio main|shared|off]\n"
                     "                  [--M 1,2,4,8,16,784] [--iters N] [--sets N] [--dense N] [--seed N] [--big V]\n"
-                    "                  [--cublas LIB] [--db PATH] [--json] [--no-cublas] [--no-presplit] [--separate-combine]\n");
+                    "                  [--cublas LIB] [--db PATH] [--json] [--no-cublas] [--no-presplit] [--separate-combine]\n"
+                    "                  [--dec-narrow] [--check-narrow]\n");
     exit(2);
 }
 
@@ -259,6 +266,8 @@ static void parse(int argc, char **argv, opts *o)
     o->act = 1, o->raw = false, o->grouped = false, o->json = false, o->no_cublas = false, o->generic = false;
     o->no_presplit = false;
     o->separate_combine = false;
+    o->dec_narrow = false;
+    o->check_narrow = false;
     o->prio = 0;
     o->Ms = {1, 2, 4, 8, 16, 784};
     o->iters = 200, o->sets = 16, o->dense = 8, o->seed = 1, o->big = 0, o->cublas = NULL, o->db = NULL;
@@ -278,6 +287,14 @@ static void parse(int argc, char **argv, opts *o)
         }
         if (!strcmp(a, "--separate-combine")) {
             o->separate_combine = true;
+            continue;
+        }
+        if (!strcmp(a, "--dec-narrow")) {
+            o->dec_narrow = true;
+            continue;
+        }
+        if (!strcmp(a, "--check-narrow")) {
+            o->check_narrow = true;
             continue;
         }
         if (i + 1 >= argc) usage();
@@ -325,6 +342,61 @@ static void parse(int argc, char **argv, opts *o)
         fprintf(stderr, "moe_decode: inconsistent shape (inter/tp and hidden must be multiples of 16 / 32)\n");
         exit(2);
     }
+}
+
+/* ---- --check-narrow --------------------------------------------------------------------------- */
+
+/* The block of route set 0 run twice, with the routed experts' narrow decode-kernel blocks off
+ * and on (cu_block_shape::dec_narrow), every output and intermediate poisoned before each run
+ * (all-ones bit patterns: NaN in FP16, BF16 and FP32): the W13 intermediates [M k, il], the
+ * expert outputs [M k, H] and the block output [M, H] must be bit-identical, and neither run may
+ * leave a poisoned element. Exits 1 naming the first difference. */
+template <typename F>
+static void narrow_check(int64_t M, int64_t k, int64_t il, int64_t H, cu_block_shape &shape, const cu_block_ws &ws,
+                         F run)
+{
+    const size_t na = (size_t)(M * k * il), ne = (size_t)(M * k * H), no = (size_t)(M * H);
+    std::vector<uint16_t> a[2], e[2];
+    std::vector<uint32_t> out[2];
+    const bool keep = shape.dec_narrow;
+    for (int v = 0; v < 2; v++) {
+        BENCH_CK(cudaMemset(ws.act16, 0xff, na * 2));
+        BENCH_CK(cudaMemset(ws.eout16, 0xff, ne * 2));
+        BENCH_CK(cudaMemset(ws.out, 0xff, no * 4));
+        BENCH_CK(cudaDeviceSynchronize());
+        shape.dec_narrow = v == 1;
+        run();
+        BENCH_CK(cudaStreamSynchronize(ws.s));
+        BENCH_CK(cudaDeviceSynchronize());
+        a[v].resize(na);
+        e[v].resize(ne);
+        out[v].resize(no);
+        BENCH_CK(cudaMemcpy(a[v].data(), ws.act16, na * 2, cudaMemcpyDeviceToHost));
+        BENCH_CK(cudaMemcpy(e[v].data(), ws.eout16, ne * 2, cudaMemcpyDeviceToHost));
+        BENCH_CK(cudaMemcpy(out[v].data(), ws.out, no * 4, cudaMemcpyDeviceToHost));
+    }
+    shape.dec_narrow = keep;
+    struct { const char *name; const void *p0, *p1; size_t n, size; } parts[] = {
+        {"W13 intermediate", a[0].data(), a[1].data(), na, 2},
+        {"expert output", e[0].data(), e[1].data(), ne, 2},
+        {"block output", out[0].data(), out[1].data(), no, 4},
+    };
+    for (const auto &p : parts)
+        for (size_t i = 0; i < p.n; i++) {
+            uint32_t x0 = 0, x1 = 0;
+            memcpy(&x0, (const char *)p.p0 + i * p.size, p.size);
+            memcpy(&x1, (const char *)p.p1 + i * p.size, p.size);
+            const uint32_t poison = p.size == 2 ? 0xffffu : 0xffffffffu;
+            if (x0 != x1 || x0 == poison) {
+                fprintf(stderr,
+                        "moe_decode: --check-narrow M=%lld: %s [%zu] = 0x%x with the 8-warp blocks, 0x%x with the "
+                        "narrow ones%s\n",
+                        (long long)M, p.name, i, x0, x1, x0 == poison ? " (never written)" : "");
+                exit(1);
+            }
+        }
+    fprintf(stderr, "moe_decode: --check-narrow M=%lld: identical (%zu + %zu + %zu values)\n", (long long)M, na, ne,
+            no);
 }
 
 /* ---- main ------------------------------------------------------------------------------------- */
@@ -463,6 +535,7 @@ int main(int argc, char **argv)
     shape.grouped = o.grouped;
     shape.generic = o.generic;
     shape.separate_combine = o.separate_combine;
+    shape.dec_narrow = o.dec_narrow;
 
     /* ---- workspace ---- */
     const int64_t C = Mmax, S = C * k;
@@ -647,6 +720,7 @@ int main(int argc, char **argv)
                      err);
             }
         };
+        if (o.check_narrow) narrow_check(M, k, il, H, shape, ws, [&](void) { enqueue(0, 0); });
         for (int si = 0; si < o.sets; si++) {
             std::vector<char> seen((size_t)E, 0);
             for (int64_t sl = 0; sl < M * k; sl++)
@@ -704,9 +778,10 @@ int main(int argc, char **argv)
 
     const char *act_name = o.act == 1 ? "fp16" : "bf16";
     char variant[128];
-    snprintf(variant, sizeof variant, "cuda:act_dtype=%s,storage=%s,moe_dispatch=%s,tp_size=%lld%s%s", act_name,
+    snprintf(variant, sizeof variant, "cuda:act_dtype=%s,storage=%s,moe_dispatch=%s,tp_size=%lld%s%s%s", act_name,
              o.raw ? "raw" : "prepared", o.grouped ? "grouped" : "direct", (long long)o.tp,
-             o.generic ? ",kernels=generic" : "", o.separate_combine ? " +separate-combine" : "");
+             o.generic ? ",kernels=generic" : "", o.separate_combine ? " +separate-combine" : "",
+             o.dec_narrow ? " +dec-narrow" : "");
     if (o.json) {
         printf("{\"gpu\": \"%s\", \"copy_bw_GBps\": %.1f, \"variant\": \"%s\", \"hidden\": %lld, \"experts\": %lld, "
                "\"inter_per_rank\": %lld, \"topk\": %lld, \"rows\": [",
