@@ -118,8 +118,10 @@ TD_DEC_FN int td_w2c_pays(int tokens, int k, int RT, int NC, int DW, int B, int 
 {
     const int items = tokens * RT, w2c = items <= 0 ? 0 : (items + G - 1) / G * NC;
     int dec = td_dec_rounds(tokens * k * ((RT + DW - 1) / DW), NC, DW, B);
-    if (B5 > 0 && DW == 8 && td_dec_narrow_pays(tokens * k, RT, NC, B, B5))
-        dec = td_dec_narrow_rounds(tokens * k, RT, NC, B5);
+    if (B5 > 0) {
+        const int r5 = td_dec_narrow_rounds(tokens * k, RT, NC, B5); /* taken where fewer: td_dec_narrow_pays */
+        if (r5 < dec) dec = r5;
+    }
     return w2c <= dec;
 }
 

@@ -33,7 +33,8 @@ static void mm_range_groups(cu_mm_call *m, int64_t M)
 }
 
 /* The calls of W13 + SwiGLU (m13) then W2 (m2) of one rank on the tensor-core path, both
- * written as 16-bit patterns only (act16, y16); mm_expert launches them. ids == NULL with pack > 1: range groups over the tokens (shared expert).
+ * written as 16-bit patterns only (act16, y16); mm_expert launches them. ids == NULL with
+ * pack > 1: range groups over the tokens (shared expert).
  * x_nst > 0: ws->sp_x holds the input in k_wgp's layout of x_nst stages (cu_mm_round_split),
  * which the shared W13 takes when it runs on k_wgp with that layout. */
 static void mm_expert_calls(const cu_block_shape *sh, const cu_block_ws *ws, const cu_qmat *w13, const cu_qmat *w2,

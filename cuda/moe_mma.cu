@@ -2300,6 +2300,14 @@ static int blocks_per_sm(size_t smem, size_t fixed, int cap)
     return bps < 1 ? 1 : bps;
 }
 
+/* A persistent grid for `items` work items: min(items, SMs x the blocks per SM that blocks_per_sm
+ * allows), *bps set to the latter. */
+static int64_t persistent_grid(int64_t items, size_t smem, size_t fixed, int cap, int sms, int *bps)
+{
+    *bps = blocks_per_sm(smem, fixed, cap);
+    return items < (int64_t)sms * *bps ? items : (int64_t)sms * *bps;
+}
+
 /* A grid that needs fewer blocks per SM than fit: the block scheduler may still stack two
  * or three of its blocks on one SM while other SMs idle (measured in the block's graph, the
  * shared expert running beside: W13's 100 blocks at M = 1 on 91 SMs, 9 of them with two), and
@@ -2340,23 +2348,20 @@ static td_status dec_launch(void (*kern)(mm_args, int), const mm_args &a, int64_
     return TD_OK;
 }
 
-/* The narrow blocks' grid for a one-tile call of direct dispatch (groups known on the host:
- * nslots / pack), or 0 where they do not fit or walk no fewer rounds than the 8-warp grid B8
- * (td_dec_narrow_pays). *tbx5: row-tile blocks of 5 per group; *bps5: blocks per SM. */
-template <int WK, int CH>
-static int64_t dec_narrow_grid(const mm_args &a, int sms, int64_t B8, int64_t *tbx5, int *bps5)
+/* The narrow blocks' grid for a one-tile call c of direct dispatch (groups known on the host:
+ * nslots / pack) with wk storage, chunks of `chunk` steps and xrows staged rows of xs_w words, or
+ * 0 where the call does not ask for them or they do not fit; *tbx5: row-tile blocks of 5 per
+ * group, *bps5: blocks per SM, *smem5: dynamic bytes. Whether they pay is td_dec_narrow_pays. */
+static int64_t dec_narrow_grid(const cu_mm_call &c, int wk, int chunk, int xrows, int64_t xs_w, int sms, int64_t *tbx5,
+                               int *bps5, size_t *smem5)
 {
-    const cu_mm_call &c = a.c;
-    if (!c.dec_narrow || c.perm || a.xrows > 8) return 0;
-    const size_t smem = dec_smem(dec_ring_bytes_w(WK, CH, DEC_NARROW_WARPS), a.xrows, a.geo.xs_w);
-    if (smem > DEC_SMEM_MAX) return 0;
-    *bps5 = blocks_per_sm(smem, 1024, DEC_NARROW_BLOCKS);
-    const int64_t groups = (c.nslots + c.pack - 1) / c.pack, RT = c.W.R / 16;
-    *tbx5 = (RT + DEC_NARROW_WARPS - 1) / DEC_NARROW_WARPS;
-    const int64_t items = groups * *tbx5, cap = (int64_t)sms * *bps5;
-    if (items <= 0 || items > 0x7fffffff || B8 > 0x7fffffff) return 0;
-    const int64_t B5 = items < cap ? items : cap;
-    return td_dec_narrow_pays((int)groups, (int)RT, a.geo.NC, (int)B8, (int)B5) ? B5 : 0;
+    if (!c.dec_narrow || c.perm) return 0;
+    *smem5 = dec_smem(dec_ring_bytes_w(wk, chunk, DEC_NARROW_WARPS), xrows, xs_w);
+    if (*smem5 > DEC_SMEM_MAX) return 0;
+    *tbx5 = (c.W.R / 16 + DEC_NARROW_WARPS - 1) / DEC_NARROW_WARPS;
+    const int64_t items = (c.nslots + c.pack - 1) / c.pack * *tbx5;
+    if (items <= 0 || items > 0x7fffffff) return 0;
+    return persistent_grid(items, *smem5, 1024, DEC_NARROW_BLOCKS, sms, bps5);
 }
 
 template <int WK, int ACT, int CH, int NT>
@@ -2370,13 +2375,13 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
     int dev = 0, sms = 0;
     const td_status sst = sm_count(&dev, &sms, err);
     if (sst) return sst;
-    /* blocks per SM: what shared memory allows, at most what the registers were built for */
-    const int bps = blocks_per_sm(smem, 1024, dec_occupancy<NT>::blocks);
     const int64_t tbx = (a.c.W.R / 16 + DW - 1) / DW;
     const int64_t items = a.c.max_groups * tbx;
     if (items > 0x7fffffff)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: %lld work items in one launch", (long long)items);
-    const int64_t grid = items < (int64_t)sms * bps ? items : (int64_t)sms * bps;
+    /* blocks per SM: what shared memory allows, at most what the registers were built for */
+    int bps = 0;
+    const int64_t grid = persistent_grid(items, smem, 1024, dec_occupancy<NT>::blocks, sms, &bps);
     if (!(a.c.epi == CU_MM_SWIGLU || (a.c.epi == CU_MM_STORE && !a.c.out)))
         return td_err_set(err, TD_ERR_INTERNAL, "cuda moe: epilogue %d with float outputs on the decode kernel", a.c.epi);
     if constexpr (NT == 1) {
@@ -2384,11 +2389,12 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
          * chunks and sums per row tile, so the same bits */
         int64_t tbx5 = 0;
         int bps5 = 0;
-        const int64_t grid5 = dec_narrow_grid<WK, CH>(a, sms, grid, &tbx5, &bps5);
-        if (grid5 > 0)
+        size_t smem5 = 0;
+        const int64_t grid5 = dec_narrow_grid(a.c, WK, CH, a.xrows, a.geo.xs_w, sms, &tbx5, &bps5, &smem5);
+        const int64_t groups = (a.c.nslots + a.c.pack - 1) / a.c.pack; /* <= its items < 2^31 when grid5 > 0 */
+        if (grid5 > 0 && td_dec_narrow_pays((int)groups, (int)(a.c.W.R / 16), a.geo.NC, (int)grid, (int)grid5))
             return dec_launch(dec_kernel<WK, ACT, CH, 1, false, DEC_NARROW_WARPS>(a.c.epi), a, grid5, DEC_NARROW_WARPS,
-                              tbx5, bps5, dec_smem(dec_ring_bytes_w(WK, CH, DEC_NARROW_WARPS), a.xrows, a.geo.xs_w),
-                              sms, dev, s, err);
+                              tbx5, bps5, smem5, sms, dev, s, err);
     }
     /* one tile: the kernel with the last items by chunks where a block may take some (the item
      * count is known here for direct dispatch; grouped dispatch counts its groups on the device) */
@@ -2610,8 +2616,7 @@ static size_t w2c_smem(int64_t k, const mm_geo &g)
  * allows. */
 static int64_t w2c_grid(int64_t items, size_t smem, int sms, int *bps)
 {
-    *bps = blocks_per_sm(smem, 2048, 2);
-    return items < (int64_t)sms * *bps ? items : (int64_t)sms * *bps;
+    return persistent_grid(items, smem, 2048, 2, sms, bps);
 }
 
 bool cu_mm_w2c_fits(const cu_mm_call *c, int64_t k)
@@ -2632,18 +2637,13 @@ bool cu_mm_w2c_pays(const cu_mm_call *c, int64_t k)
     const int64_t RT = c->W.R / 16, tokens = c->nslots / k, DW = dec_occupancy<1>::warps;
     const int64_t items_dec = c->nslots * ((RT + DW - 1) / DW);
     if (items_dec > 0x7fffffff) return false;
-    const int64_t bd = (int64_t)sms * blocks_per_sm(dec_smem(dec_ring_bytes(0, g.chunk, 1), 1, g.xs_w), 1024,
-                                                    dec_occupancy<1>::blocks);
-    const int B = (int)(items_dec < bd ? items_dec : bd), G = (int)w2c_grid(tokens * RT, w2c_smem(k, g), sms, &bps);
-    /* the narrow blocks' grid, where the call may take them (launch_dec) */
-    int B5 = 0;
-    if (c->dec_narrow) {
-        const int64_t items5 = c->nslots * ((RT + DEC_NARROW_WARPS - 1) / DEC_NARROW_WARPS);
-        const int64_t b5 = (int64_t)sms * blocks_per_sm(dec_smem(dec_ring_bytes_w(0, g.chunk, DEC_NARROW_WARPS), 1,
-                                                                 g.xs_w),
-                                                        1024, DEC_NARROW_BLOCKS);
-        if (items5 <= 0x7fffffff) B5 = (int)(items5 < b5 ? items5 : b5);
-    }
+    const int B = (int)persistent_grid(items_dec, dec_smem(dec_ring_bytes(0, g.chunk, 1), 1, g.xs_w), 1024,
+                                       dec_occupancy<1>::blocks, sms, &bps);
+    const int G = (int)w2c_grid(tokens * RT, w2c_smem(k, g), sms, &bps);
+    /* the narrow blocks' grid where the call may take them, as launch_dec computes it */
+    int64_t tbx5 = 0;
+    size_t smem5 = 0;
+    const int B5 = (int)dec_narrow_grid(*c, 0, g.chunk, 1, g.xs_w, sms, &tbx5, &bps, &smem5);
     return td_w2c_pays((int)tokens, (int)k, (int)RT, g.NC, (int)DW, B, B5, G) != 0;
 }
 
