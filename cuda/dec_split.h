@@ -15,13 +15,16 @@
  * the equal split (b n / B .. (b + 1) n / B) and tail_n = 0. Every item is computed exactly once
  * either way: whole, or its DW tiles each by NC warps of one block.
  *
- * The narrow blocks: a one-tile launch may instead run blocks of TD_DEC_NARROW_WARPS = 5 warps,
- * five per SM, without the tail (25 warps per SM against three blocks of 8; built for at most 80
- * registers per thread, which 25 warps allow: ptxas gives those instances 71-72, no spills).
- * The items of 8 row tiles then become more items of 5, and a launch whose chunks overflow the
- * 8-warp grid's rounds by a little (W2 at M = 4 at the production shape: 12,800 chunks for 3,168
- * warps, 4.04 rounds, so 5) fits the 3,300 warps' rounds (4). td_dec_narrow_pays() says where
- * the narrow blocks walk fewer rounds.
+ * The narrow blocks: a one-tile launch may instead run blocks of TD_DEC_NARROW_WARPS = 4 warps,
+ * TD_DEC_NARROW_BLOCKS = 7 per SM, without the tail (28 warps per SM against three blocks of 8;
+ * built for at most 72 registers per thread, which 28 warps allow). The items of 8 row tiles then
+ * become more items of 4, and a launch whose chunks overflow the 8-warp grid's rounds by a little
+ * (W2 at M = 4 at the production shape: 12,800 chunks for 3,168 warps, 4.04 rounds, so 5) fits
+ * the 3,696 warps' rounds (4). td_dec_narrow_pays() says where the narrow blocks walk fewer
+ * rounds. A block's warps are spread over the SM's four schedulers by their index, so a block
+ * of 4 gives each scheduler one warp; blocks of 5 (five per SM) gave one scheduler 10 warps and
+ * the others 5, and ran 1.2-1.4 times longer than the 8-warp blocks though they walk fewer
+ * rounds (docs/perf.md).
  *
  * Contract: n_items >= 0, NC and DW powers of two with NC <= DW (td_dec_split_of with NC = 1,
  * no tail, also for DW = 5), 1 <= B, 0 <= b < B, n_items and B below 2^31 / DW. Pure integer
@@ -87,42 +90,44 @@ TD_DEC_FN int td_dec_rounds(int n_items, int NC, int DW, int B)
     return (n_items + B - 1) / B * NC;
 }
 
-#define TD_DEC_NARROW_WARPS 5
+#define TD_DEC_NARROW_WARPS 4
+#define TD_DEC_NARROW_BLOCKS 7
 
 /* Rounds of a one-tile launch on the narrow blocks (no tail): `groups` groups of RT row tiles,
- * ceil(RT / 5) items each, over B5 blocks. */
-TD_DEC_FN int td_dec_narrow_rounds(int groups, int RT, int NC, int B5)
+ * ceil(RT / TD_DEC_NARROW_WARPS) items each, over Bn blocks. */
+TD_DEC_FN int td_dec_narrow_rounds(int groups, int RT, int NC, int Bn)
 {
     const int n = groups * ((RT + TD_DEC_NARROW_WARPS - 1) / TD_DEC_NARROW_WARPS);
-    return n <= 0 ? 0 : (n + B5 - 1) / B5 * NC;
+    return n <= 0 ? 0 : (n + Bn - 1) / Bn * NC;
 }
 
-/* Whether the narrow blocks (grid B5) walk fewer rounds than the 8-warp blocks (grid B8, the
- * tail by chunks where it fits) for `groups` groups of RT row tiles of NC chunks. Ties keep the
- * 8-warp blocks, the shape every measurement before the narrow one was taken with. Only for a
- * group count known on the host (direct dispatch). */
-TD_DEC_FN int td_dec_narrow_pays(int groups, int RT, int NC, int B8, int B5)
+/* Whether a one-tile launch of direct dispatch takes the narrow blocks (grid Bn) for `groups`
+ * groups of RT row tiles of NC chunks: where they walk fewer rounds than the 8-warp blocks (grid
+ * B8, the tail by chunks where it fits), and only where the 8-warp blocks leave warps idle (RT
+ * not a multiple of 8: the TP4 slice's W13, 20 row tiles, three items of 8 with 4 warps idle) or
+ * a row tile is one chunk (NC = 1: the TP4 slice's W2). Elsewhere a narrow block's chunk rounds
+ * were measured slower than the 8-warp blocks' (at the production shape's W13 and W2, NC = 8
+ * and 2, the routed part took 1.02-1.24 times as long with a round fewer; docs/perf.md), so
+ * fewer rounds alone do not pay. Ties keep the 8-warp blocks. Only for a group count known on
+ * the host. */
+TD_DEC_FN int td_dec_narrow_pays(int groups, int RT, int NC, int B8, int Bn)
 {
-    if (groups <= 0 || B5 <= 0) return 0;
-    return td_dec_narrow_rounds(groups, RT, NC, B5) < td_dec_rounds(groups * ((RT + 7) / 8), NC, 8, B8);
+    if (groups <= 0 || Bn <= 0 || (RT % 8 == 0 && NC != 1)) return 0;
+    return td_dec_narrow_rounds(groups, RT, NC, Bn) < td_dec_rounds(groups * ((RT + 7) / 8), NC, 8, B8);
 }
 
 /* Whether the routed W2 with the combine fused in (k_w2c: an item is one token x one row tile,
  * walked by k warps, one per slot, NC chunks each; equal ranges over its G blocks) takes no
- * more rounds than k_dec's W2 (an item is one slot x DW row tiles: tokens k ceil(RT / DW)
- * items over B blocks, td_dec_rounds; with B5 > 0 the narrow blocks' rounds over B5 blocks
- * where they are fewer, as the launch would take them), so that saving the combine's launch
- * does not lengthen W2. The launch it saves is worth about 1 us at decode sizes, and one round
- * of W2's chunks more cost more than that in every case measured (docs/cuda.md). */
-TD_DEC_FN int td_w2c_pays(int tokens, int k, int RT, int NC, int DW, int B, int B5, int G)
+ * more rounds than k_dec's W2 on its 8-warp blocks (an item is one slot x DW row tiles: tokens
+ * k ceil(RT / DW) items over B blocks, td_dec_rounds), so that saving the combine's launch does
+ * not lengthen W2. The launch it saves is worth about 1 us at decode sizes, and one round of
+ * W2's chunks more cost more than that in every case measured (docs/cuda.md). Where it pays,
+ * the fused W2 is taken even where the narrow blocks would walk fewer rounds of a separate W2:
+ * on the TP4 slice at M = 2 and 4 those gave a shorter routed part but a longer block. */
+TD_DEC_FN int td_w2c_pays(int tokens, int k, int RT, int NC, int DW, int B, int G)
 {
     const int items = tokens * RT, w2c = items <= 0 ? 0 : (items + G - 1) / G * NC;
-    int dec = td_dec_rounds(tokens * k * ((RT + DW - 1) / DW), NC, DW, B);
-    if (B5 > 0) {
-        const int r5 = td_dec_narrow_rounds(tokens * k, RT, NC, B5); /* taken where fewer: td_dec_narrow_pays */
-        if (r5 < dec) dec = r5;
-    }
-    return w2c <= dec;
+    return w2c <= td_dec_rounds(tokens * k * ((RT + DW - 1) / DW), NC, DW, B);
 }
 
 #endif /* TD_CUDA_DEC_SPLIT_H */

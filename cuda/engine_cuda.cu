@@ -622,6 +622,7 @@ static td_status cu_load(const char *checkpoint, const td_variant *v, td_engine 
         bs->tp_rank = v->tp_rank == TD_TP_RANK_ALL ? -1 : v->tp_rank;
         bs->grouped = v->moe_dispatch == TD_DISPATCH_GROUPED;
         bs->generic = v->generic;
+        bs->dec_narrow = true; /* where td_dec_narrow_pays takes them (cuda/dec_split.h) */
         c->layers = (cu_layer *)calloc((size_t)(cf->num_hidden_layers > 0 ? cf->num_hidden_layers : 1),
                                        sizeof *c->layers);
         if (!c->layers) {

@@ -59,10 +59,9 @@ typedef struct cu_block_shape {
     bool generic;               /* every projection on the general kernel (kernels=generic) */
     bool separate_combine;      /* never fuse the combine into the routed W2 (the bench's A/B) */
     bool dec_narrow;            /* the routed experts' one-tile decode-kernel calls may run on
-                                   blocks of 5 warps where those walk fewer chunk rounds
-                                   (cu_mm_call::dec_narrow; the same bits); off in the engine
-                                   until measured (docs/cuda.md), on with moe_decode
-                                   --dec-narrow */
+                                   the narrow blocks of 4 warps where td_dec_narrow_pays takes
+                                   them (cu_mm_call::dec_narrow; the same bits); on in the
+                                   engine, off with moe_decode --no-dec-narrow (its A/B) */
 } cu_block_shape;
 
 /* Workspace for up to C tokens (sizes in brackets). The intermediates of an expert on the

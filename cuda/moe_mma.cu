@@ -1249,11 +1249,11 @@ template <int NT> struct dec_occupancy {
     static constexpr int blocks = NT == 1 ? DEC_BLOCKS : 1;
     static constexpr int warps = dec_warps(NT);
 };
-/* The narrow one-tile shape (cuda/dec_split.h): blocks of 5 warps, 5 per SM, without the tail;
+/* The narrow one-tile shape (cuda/dec_split.h): blocks of 4 warps, 7 per SM, without the tail;
  * a launch takes it where td_dec_narrow_pays finds fewer chunk rounds and the call asks for it
  * (cu_mm_call::dec_narrow). */
 #define DEC_NARROW_WARPS TD_DEC_NARROW_WARPS
-#define DEC_NARROW_BLOCKS 5
+#define DEC_NARROW_BLOCKS TD_DEC_NARROW_BLOCKS
 /* Blocks per SM that k_dec with NT tiles and DW warps per block is built for (registers). */
 __host__ __device__ constexpr int dec_blocks(int nt, int dw)
 {
@@ -2350,18 +2350,19 @@ static td_status dec_launch(void (*kern)(mm_args, int), const mm_args &a, int64_
 
 /* The narrow blocks' grid for a one-tile call c of direct dispatch (groups known on the host:
  * nslots / pack) with wk storage, chunks of `chunk` steps and xrows staged rows of xs_w words, or
- * 0 where the call does not ask for them or they do not fit; *tbx5: row-tile blocks of 5 per
- * group, *bps5: blocks per SM, *smem5: dynamic bytes. Whether they pay is td_dec_narrow_pays. */
-static int64_t dec_narrow_grid(const cu_mm_call &c, int wk, int chunk, int xrows, int64_t xs_w, int sms, int64_t *tbx5,
-                               int *bps5, size_t *smem5)
+ * 0 where the call does not ask for them or they do not fit; *tbxn: row-tile blocks of
+ * DEC_NARROW_WARPS per group, *bpsn: blocks per SM, *smemn: dynamic bytes. Whether they pay is
+ * td_dec_narrow_pays. */
+static int64_t dec_narrow_grid(const cu_mm_call &c, int wk, int chunk, int xrows, int64_t xs_w, int sms, int64_t *tbxn,
+                               int *bpsn, size_t *smemn)
 {
     if (!c.dec_narrow || c.perm) return 0;
-    *smem5 = dec_smem(dec_ring_bytes_w(wk, chunk, DEC_NARROW_WARPS), xrows, xs_w);
-    if (*smem5 > DEC_SMEM_MAX) return 0;
-    *tbx5 = (c.W.R / 16 + DEC_NARROW_WARPS - 1) / DEC_NARROW_WARPS;
-    const int64_t items = (c.nslots + c.pack - 1) / c.pack * *tbx5;
+    *smemn = dec_smem(dec_ring_bytes_w(wk, chunk, DEC_NARROW_WARPS), xrows, xs_w);
+    if (*smemn > DEC_SMEM_MAX) return 0;
+    *tbxn = (c.W.R / 16 + DEC_NARROW_WARPS - 1) / DEC_NARROW_WARPS;
+    const int64_t items = (c.nslots + c.pack - 1) / c.pack * *tbxn;
     if (items <= 0 || items > 0x7fffffff) return 0;
-    return persistent_grid(items, *smem5, 1024, DEC_NARROW_BLOCKS, sms, bps5);
+    return persistent_grid(items, *smemn, 1024, DEC_NARROW_BLOCKS, sms, bpsn);
 }
 
 template <int WK, int ACT, int CH, int NT>
@@ -2387,14 +2388,14 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
     if constexpr (NT == 1) {
         /* the narrow blocks where the call asks for them and they walk fewer rounds; the same
          * chunks and sums per row tile, so the same bits */
-        int64_t tbx5 = 0;
-        int bps5 = 0;
-        size_t smem5 = 0;
-        const int64_t grid5 = dec_narrow_grid(a.c, WK, CH, a.xrows, a.geo.xs_w, sms, &tbx5, &bps5, &smem5);
-        const int64_t groups = (a.c.nslots + a.c.pack - 1) / a.c.pack; /* <= its items < 2^31 when grid5 > 0 */
-        if (grid5 > 0 && td_dec_narrow_pays((int)groups, (int)(a.c.W.R / 16), a.geo.NC, (int)grid, (int)grid5))
-            return dec_launch(dec_kernel<WK, ACT, CH, 1, false, DEC_NARROW_WARPS>(a.c.epi), a, grid5, DEC_NARROW_WARPS,
-                              tbx5, bps5, smem5, sms, dev, s, err);
+        int64_t tbxn = 0;
+        int bpsn = 0;
+        size_t smemn = 0;
+        const int64_t gridn = dec_narrow_grid(a.c, WK, CH, a.xrows, a.geo.xs_w, sms, &tbxn, &bpsn, &smemn);
+        const int64_t groups = (a.c.nslots + a.c.pack - 1) / a.c.pack; /* <= its items < 2^31 when gridn > 0 */
+        if (gridn > 0 && td_dec_narrow_pays((int)groups, (int)(a.c.W.R / 16), a.geo.NC, (int)grid, (int)gridn))
+            return dec_launch(dec_kernel<WK, ACT, CH, 1, false, DEC_NARROW_WARPS>(a.c.epi), a, gridn, DEC_NARROW_WARPS,
+                              tbxn, bpsn, smemn, sms, dev, s, err);
     }
     /* one tile: the kernel with the last items by chunks where a block may take some (the item
      * count is known here for direct dispatch; grouped dispatch counts its groups on the device) */
@@ -2640,11 +2641,7 @@ bool cu_mm_w2c_pays(const cu_mm_call *c, int64_t k)
     const int B = (int)persistent_grid(items_dec, dec_smem(dec_ring_bytes(0, g.chunk, 1), 1, g.xs_w), 1024,
                                        dec_occupancy<1>::blocks, sms, &bps);
     const int G = (int)w2c_grid(tokens * RT, w2c_smem(k, g), sms, &bps);
-    /* the narrow blocks' grid where the call may take them, as launch_dec computes it */
-    int64_t tbx5 = 0;
-    size_t smem5 = 0;
-    const int B5 = (int)dec_narrow_grid(*c, 0, g.chunk, 1, g.xs_w, sms, &tbx5, &bps, &smem5);
-    return td_w2c_pays((int)tokens, (int)k, (int)RT, g.NC, (int)DW, B, B5, G) != 0;
+    return td_w2c_pays((int)tokens, (int)k, (int)RT, g.NC, (int)DW, B, G) != 0;
 }
 
 template <int ACT, int CH>

@@ -207,9 +207,8 @@ typedef struct cu_mm_call {
                                     (cu_mm_round_split wrote them): no split launch; only for
                                     a call that runs on k_wgp (cu_mm_wgp_stages > 0) */
     int dec_narrow;              /* 1: a one-tile call of direct dispatch on the decode kernel
-                                    may run on blocks of 5 warps, 5 per SM (no tail), where
-                                    they walk fewer rounds of chunk transfers than the 8-warp
-                                    blocks (td_dec_narrow_pays, cuda/dec_split.h); the same
+                                    may run on blocks of 4 warps, 7 per SM (no tail), where
+                                    td_dec_narrow_pays (cuda/dec_split.h) takes them; the same
                                     chunks and sums per row tile, so the same bits. 0: the
                                     8-warp blocks always */
     int pdl;                     /* programmatic dependent launch (common.cuh): 0 none; 2 the

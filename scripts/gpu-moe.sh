@@ -34,11 +34,12 @@
 #   sanitize_w2c  memcheck and racecheck of the fused W2 (direct dispatch: chunks of 10 and 5
 #             steps, one and two chunks per row tile, FP16 and BF16, top-10), and racecheck of
 #             the decode kernel with raw storage
-#   narrow    the routed experts' narrow decode-kernel blocks (moe_decode --dec-narrow: 5 warps,
-#             5 per SM, where they walk fewer chunk rounds): first --check-narrow (the block with
-#             them off and on, bit for bit, poisoned outputs) for fp16 and bf16, prepared and
-#             raw, TP1 and the TP4 slice; then the A/B in one binary, three runs each, fp16 and
-#             bf16 direct and the TP4 slice, M = 1, 2, 4, 8, 16 (routed and block times)
+#   narrow    the routed experts' narrow decode-kernel blocks (4 warps, 7 per SM, where
+#             td_dec_narrow_pays takes them; moe_decode --no-dec-narrow turns them off): first
+#             --check-narrow (the block with them off and on, bit for bit, poisoned outputs) for
+#             fp16 and bf16, prepared and raw, TP1 and the TP4 slice; then the A/B in one binary,
+#             three runs each, fp16 and bf16 direct and the TP4 slice, M = 1, 2, 4, 8, 16 (routed
+#             and block times)
 #   sanitize_narrow  memcheck and racecheck of the narrow blocks (W13 and W2 of direct
 #             dispatch at sizes where the rule takes them)
 #   ab        A/B of the bench against a baseline binary build/device/moe_decode_base (built
@@ -168,15 +169,16 @@ narrow)
     n=check_narrow_$(echo $cfg | tr -d '-' | tr ' ' '_')
     t $n $B/moe_decode --no-cublas --check-narrow --iters 3 --sets 2 --M 1,2,3,4,5,8,9,16,17,32 $cfg
   done
-  abf abn narrow wide --dec-narrow ;;
+  abf abn wide narrow --no-dec-narrow ;;
 sanitize_narrow)
-  # the production shape's W13 (8 chunks per row tile) and W2 (2 chunks) where the rule takes
-  # the narrow blocks (M = 4: 640 and 1,280 items on 660 blocks), the TP4 slice's W2 (1 chunk);
-  # racecheck at hidden 640 / inter 320 (W13 2 chunks, W2 1): M = 8 one item per block, M = 16
-  # (1,280 items of each on 660 blocks) one or two, blocks crossing groups (a new staged row)
-  t memcheck_narrow compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --dec-narrow --M 2,4 --iters 2 --sets 1 --act fp16
-  t memcheck_narrow_tp4 compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --dec-narrow --tp 4 --M 4,16 --iters 2 --sets 1 --act bf16 --storage raw
-  t racecheck_narrow compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --dec-narrow --experts 128 --hidden 640 --inter 320 --shared 160 --M 8,16 --iters 2 --sets 1 --act fp16 ;;
+  # the TP4 slice, where the rule takes them: W2 (160 row tiles of one chunk) at M = 2 and 16,
+  # W13 (20 row tiles of 8 chunks) at M = 16; racecheck at hidden 640 / inter 160 (W13 20 row
+  # tiles of 2 chunks, W2 40 of 1, the combine apart so that W2 is k_dec's): M = 16 (W13 800
+  # items on 800 blocks, W2 1,600 on 924: one or two per block, blocks crossing groups, a new
+  # staged row) and M = 32 (W13 1,600 on 924)
+  t memcheck_narrow compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --tp 4 --M 2,16 --iters 2 --sets 1 --act fp16
+  t memcheck_narrow_raw compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --tp 4 --M 4,16 --iters 2 --sets 1 --act bf16 --storage raw
+  t racecheck_narrow compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --hidden 640 --inter 160 --shared 160 --M 16,32 --iters 2 --sets 1 --act fp16 --separate-combine ;;
 ab)
   [ -x $B/moe_decode_base ] || { echo "ab: no $B/moe_decode_base"; exit 2; }
   for run in 1 2; do

@@ -165,78 +165,79 @@ static void rounds_and_w2c_choice(void **state)
         {16, 1, 0}, /* 10 against 9 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        assert_int_equal(td_w2c_pays(cases[i].M, 10, 160, cases[i].NC, DW, 396, 0, 264), cases[i].pays);
-    assert_true(td_w2c_pays(0, 10, 160, 2, DW, 396, 0, 264)); /* nothing to do: either way */
+        assert_int_equal(td_w2c_pays(cases[i].M, 10, 160, cases[i].NC, DW, 396, 264), cases[i].pays);
+    assert_true(td_w2c_pays(0, 10, 160, 2, DW, 396, 264)); /* nothing to do: either way */
 }
 
-/* The narrow blocks (5 warps, 5 per SM, no tail) at the production shape and its TP4 slice on a
- * 132-SM GPU (396 blocks of 8 warps, 660 of 5 at most), top-10 direct dispatch: groups = 10 M
- * slots, the grids min(items, 396) and min(items, 660) as the launcher takes them. The rounds
- * of each case worked out by hand; the narrow blocks are taken exactly where they walk fewer. */
+/* The narrow blocks (4 warps, 7 per SM, no tail) at the production shape and its TP4 slice on a
+ * 132-SM GPU (396 blocks of 8 warps, 924 of 4 at most), top-10 direct dispatch: groups = 10 M
+ * slots, the grids min(items, 396) and min(items, 924) as the launcher takes them. The rounds
+ * of each case worked out by hand; the narrow blocks are taken exactly where they walk fewer and
+ * the 8-warp blocks leave warps idle (row tiles not a multiple of 8) or a tile is one chunk: at
+ * the production shape never (they were measured slower there), on the TP4 slice for W13 at
+ * M = 16 and W2 at M = 2..16. */
 static int grid_of(int items, int cap) { return items < cap ? items : cap; }
 
 static void narrow_rounds_and_choice(void **state)
 {
     (void)state;
-    static const struct { int M, RT, NC, r8, r5; } cases[] = {
-        /* W13, K = 2560 (8 chunks), 80 row tiles */
-        {1, 80, 8, 8, 8},   /* 100 items on 100 blocks; 160 on 160 */
-        {2, 80, 8, 8, 8},   /* 200; 320 */
-        {4, 80, 8, 9, 8},   /* 400 on 396: 1 item + a tail chunk; 640 on 640 */
-        {8, 80, 8, 17, 16}, /* 800: 2 + a chunk; 1,280 on 660: 2 */
-        {16, 80, 8, 33, 32},/* 1,600: 4 + a chunk; 2,560 on 660: 4 */
-        /* W2, K = 640 (2 chunks), 160 row tiles */
-        {1, 160, 2, 2, 2},
-        {2, 160, 2, 3, 2},  /* 400 on 396: 1 + a chunk; 640 on 640 */
-        {4, 160, 2, 5, 4},  /* 800: 2 + a chunk; 1,280 on 660: 2 */
-        {8, 160, 2, 9, 8},
-        {16, 160, 2, 17, 16},
-        /* the TP4 slice: W13 K = 2560 over 20 row tiles, W2 K = 160 (1 chunk) over 160 */
-        {1, 20, 8, 8, 8},   /* 30 items; 40 */
-        {8, 20, 8, 8, 8},   /* 240; 320 */
-        {16, 20, 8, 16, 8}, /* 480 on 396 (84 over: more than one round of tiles, no tail): 2; 640 on 640: 1 */
+    assert_int_equal(TD_DEC_NARROW_WARPS, 4);
+    assert_int_equal(TD_DEC_NARROW_BLOCKS, 7);
+    static const struct { int M, RT, NC, r8, rn; } cases[] = {
+        /* W13, K = 2560 (8 chunks), 80 row tiles: 10 items of 8 per group, 20 of 4 */
+        {1, 80, 8, 8, 8},   /* 100 items on 100 blocks; 200 on 200 */
+        {2, 80, 8, 8, 8},   /* 200; 400 */
+        {4, 80, 8, 9, 8},   /* 400 on 396: 1 item + a tail chunk; 800 on 800 */
+        {8, 80, 8, 17, 16}, /* 800: 2 + a chunk; 1,600 on 924: 2 */
+        {16, 80, 8, 33, 32},/* 1,600: 4 + a chunk; 3,200 on 924: 4 */
+        /* W2, K = 640 (2 chunks), 160 row tiles: 20 and 40 items per group */
+        {1, 160, 2, 2, 2},  /* 200; 400 */
+        {2, 160, 2, 3, 2},  /* 400 on 396: 1 + a chunk; 800 on 800 */
+        {4, 160, 2, 5, 4},  /* 800: 2 + a chunk; 1,600 on 924: 2 */
+        {8, 160, 2, 9, 8},  /* 3,200 on 924: 4 */
+        {16, 160, 2, 17, 14}, /* 6,400 on 924: 7 */
+        /* the TP4 slice: W13 K = 2560 over 20 row tiles (3 and 5 items), W2 K = 160 (1 chunk) */
+        {1, 20, 8, 8, 8},   /* 30 items; 50 */
+        {8, 20, 8, 8, 8},   /* 240; 400 */
+        {16, 20, 8, 16, 8}, /* 480 on 396 (84 over: more than one round of tiles, no tail): 2; 800 on 800: 1 */
         {1, 160, 1, 1, 1},
-        {2, 160, 1, 2, 1},  /* 400 on 396; 640 on 640 */
-        {4, 160, 1, 3, 2},  /* 800; 1,280 on 660 */
+        {2, 160, 1, 2, 1},  /* 400 on 396; 800 on 800 */
+        {4, 160, 1, 3, 2},  /* 800; 1,600 on 924 */
         {8, 160, 1, 5, 4},
-        {16, 160, 1, 9, 8},
+        {16, 160, 1, 9, 7},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int g = 10 * cases[i].M, RT = cases[i].RT, NC = cases[i].NC;
-        const int n8 = g * ((RT + 7) / 8), n5 = g * ((RT + 4) / 5);
-        const int B8 = grid_of(n8, 396), B5 = grid_of(n5, 660);
+        const int n8 = g * ((RT + 7) / 8), nn = g * ((RT + 3) / 4);
+        const int B8 = grid_of(n8, 396), Bn = grid_of(nn, 924);
         assert_int_equal(td_dec_rounds(n8, NC, DW, B8), cases[i].r8);
-        assert_int_equal(td_dec_narrow_rounds(g, RT, NC, B5), cases[i].r5);
-        assert_int_equal(td_dec_narrow_pays(g, RT, NC, B8, B5), cases[i].r5 < cases[i].r8);
+        assert_int_equal(td_dec_narrow_rounds(g, RT, NC, Bn), cases[i].rn);
+        assert_int_equal(td_dec_narrow_pays(g, RT, NC, B8, Bn),
+                         cases[i].rn < cases[i].r8 && (RT % 8 != 0 || NC == 1));
+        if (RT == 80 || NC == 2) assert_false(td_dec_narrow_pays(g, RT, NC, B8, Bn)); /* TP1: never */
     }
     /* nothing to do, or no narrow grid: never */
     assert_false(td_dec_narrow_pays(0, 160, 2, 1, 1));
     assert_false(td_dec_narrow_pays(40, 160, 2, 396, 0));
-    assert_int_equal(td_dec_narrow_rounds(0, 160, 2, 660), 0);
-    /* against a brute count: the narrow blocks' busiest block has ceil(n5 / B5) items */
+    assert_int_equal(td_dec_narrow_rounds(0, 160, 2, 924), 0);
+    /* against a brute count: the narrow blocks' busiest block has ceil(nn / Bn) items */
     for (int g = 1; g <= 200; g += 3)
         for (int RT = 1; RT <= 170; RT += 13)
-            for (int B5 = 1; B5 <= 700; B5 += 97) {
-                const int n5 = g * ((RT + 4) / 5);
+            for (int Bn = 1; Bn <= 950; Bn += 97) {
+                const int nn = g * ((RT + 3) / 4);
                 int most = 0;
-                for (int b = 0; b < B5; b++) {
+                for (int b = 0; b < Bn; b++) {
                     td_dec_split s;
-                    td_dec_split_of(n5, 1, 5, B5, b, &s); /* the narrow kernel's split: NC 1, no tail */
+                    td_dec_split_of(nn, 1, 4, Bn, b, &s); /* the narrow kernel's split: NC 1, no tail */
                     assert_int_equal(s.tail_n, 0);
                     if (s.it1 - s.it0 > most) most = s.it1 - s.it0;
                 }
-                assert_int_equal(td_dec_narrow_rounds(g, RT, 2, B5), most * 2);
+                assert_int_equal(td_dec_narrow_rounds(g, RT, 2, Bn), most * 2);
             }
-    /* the fused W2's choice with the narrow blocks allowed: TP1 M = 1 keeps it (2 rounds either
-     * way); the TP4 slice at M = 2..8 no longer (the narrow W2 walks a round less than k_w2c) */
-    static const struct { int M, NC, pays; } w2c[] = {
-        {1, 2, 1}, {2, 2, 0}, {4, 2, 0}, {1, 1, 1}, {2, 1, 0}, {4, 1, 0}, {8, 1, 0}, {16, 1, 0},
-    };
-    for (size_t i = 0; i < sizeof w2c / sizeof w2c[0]; i++) {
-        const int g = 10 * w2c[i].M, n8 = g * 20, n5 = g * 32;
-        assert_int_equal(td_w2c_pays(w2c[i].M, 10, 160, w2c[i].NC, DW, grid_of(n8, 396), grid_of(n5, 660), 264),
-                         w2c[i].pays);
-    }
+    /* fewer rounds alone do not take them: W2 at the production shape, M = 4 (4 against 5) */
+    assert_false(td_dec_narrow_pays(40, 160, 2, 396, 924));
+    /* a tile count not a multiple of 8 with a round fewer does (W13 of the TP4 slice, M = 16) */
+    assert_true(td_dec_narrow_pays(160, 20, 8, 396, 800));
 }
 
 /* The host's choice of the kernel without the tail's code is safe: whenever some block of a

@@ -5,7 +5,7 @@
  *                   [--tp 1] [--act fp16|bf16] [--storage prepared|raw] [--dispatch direct|grouped]
  *                   [--kernels fast|generic] [--prio main|shared|off]
  *                   [--M 1,2,4,8,16,784] [--iters 200] [--sets 16] [--dense 8] [--seed 1] [--big V]
- *                   [--cublas LIB] [--no-cublas] [--no-presplit] [--separate-combine] [--dec-narrow]
+ *                   [--cublas LIB] [--no-cublas] [--no-presplit] [--separate-combine] [--no-dec-narrow]
  *                   [--check-narrow] [--db PATH] [--json]
  *
  * Weights are synthetic (seeded hash of the index; E4M3 codes 0x38..0x5f, globals 2^-7) in the
@@ -44,10 +44,11 @@
  * without being laid out for k_wgp (the same bits).
  * --separate-combine: the combine as its own launch after W2 everywhere (the block before W2
  * took it in), for an A/B in one binary; the variant stored to --db gets " +separate-combine".
- * --dec-narrow: the routed experts' one-tile decode-kernel calls of direct dispatch may run on
- * blocks of 5 warps, 5 per SM, where those walk fewer rounds of chunk transfers
- * (cu_block_shape::dec_narrow; the engine keeps them off until an A/B has measured them); the
- * variant gets " +dec-narrow". --check-narrow: before timing each M, the block of route set 0
+ * --no-dec-narrow: the routed experts' one-tile decode-kernel calls always on the 8-warp
+ * blocks (cu_block_shape::dec_narrow off; the engine, like the bench by default, lets them run
+ * on the narrow blocks of 4 warps, 7 per SM, where td_dec_narrow_pays takes them), for an A/B
+ * in one binary; the variant gets " +no-dec-narrow". --check-narrow: before timing each M, the
+ * block of route set 0
  * with the narrow blocks off and on, outputs and intermediates poisoned: bit-identical or exit 1.
  * --prio: the block's main stream (router, routing, routed experts, combine) or its
  * shared-expert stream created at the device's greatest priority, the other at its least, and
@@ -245,7 +246,7 @@ static void usage(void)
                     "                  [--kernels fast|generic] [--prio main|shared|off]\n"
                     "                  [--M 1,2,4,8,16,784] [--iters N] [--sets N] [--dense N] [--seed N] [--big V]\n"
                     "                  [--cublas LIB] [--db PATH] [--json] [--no-cublas] [--no-presplit] [--separate-combine]\n"
-                    "                  [--dec-narrow] [--check-narrow]\n");
+                    "                  [--no-dec-narrow] [--check-narrow]\n");
     exit(2);
 }
 
@@ -266,7 +267,7 @@ static void parse(int argc, char **argv, opts *o)
     o->act = 1, o->raw = false, o->grouped = false, o->json = false, o->no_cublas = false, o->generic = false;
     o->no_presplit = false;
     o->separate_combine = false;
-    o->dec_narrow = false;
+    o->dec_narrow = true;
     o->check_narrow = false;
     o->prio = 0;
     o->Ms = {1, 2, 4, 8, 16, 784};
@@ -289,8 +290,8 @@ static void parse(int argc, char **argv, opts *o)
             o->separate_combine = true;
             continue;
         }
-        if (!strcmp(a, "--dec-narrow")) {
-            o->dec_narrow = true;
+        if (!strcmp(a, "--no-dec-narrow")) {
+            o->dec_narrow = false;
             continue;
         }
         if (!strcmp(a, "--check-narrow")) {
@@ -780,7 +781,7 @@ int main(int argc, char **argv)
     snprintf(variant, sizeof variant, "cuda:act_dtype=%s,storage=%s,moe_dispatch=%s,tp_size=%lld%s%s%s", act_name,
              o.raw ? "raw" : "prepared", o.grouped ? "grouped" : "direct", (long long)o.tp,
              o.generic ? ",kernels=generic" : "", o.separate_combine ? " +separate-combine" : "",
-             o.dec_narrow ? " +dec-narrow" : "");
+             o.dec_narrow ? "" : " +no-dec-narrow");
     if (o.json) {
         printf("{\"gpu\": \"%s\", \"copy_bw_GBps\": %.1f, \"variant\": \"%s\", \"hidden\": %lld, \"experts\": %lld, "
                "\"inter_per_rank\": %lld, \"topk\": %lld, \"rows\": [",
