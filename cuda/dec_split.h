@@ -20,14 +20,13 @@
  * built for at most 72 registers per thread, which 28 warps allow). The items of 8 row tiles then
  * become more items of 4, and a launch whose chunks overflow the 8-warp grid's rounds by a little
  * (W2 at M = 4 at the production shape: 12,800 chunks for 3,168 warps, 4.04 rounds, so 5) fits
- * the 3,696 warps' rounds (4). td_dec_narrow_pays() says where the narrow blocks walk fewer
- * rounds. A block's warps are spread over the SM's four schedulers by their index, so a block
- * of 4 gives each scheduler one warp; blocks of 5 (five per SM) gave one scheduler 10 warps and
- * the others 5, and ran 1.2-1.4 times longer than the 8-warp blocks though they walk fewer
- * rounds (docs/perf.md).
+ * the 3,696 warps' rounds (4). Fewer rounds alone were measured not to pay at the production
+ * shape (blocks of 4, seven per SM, 1.02-1.24 times as long; blocks of 5, five per SM, 1.06-1.40
+ * times: these may also put twice as many warps on one of an SM's four schedulers as on the
+ * others); td_dec_narrow_pays() says where the narrow blocks are taken (docs/perf.md).
  *
  * Contract: n_items >= 0, NC and DW powers of two with NC <= DW (td_dec_split_of with NC = 1,
- * no tail, also for DW = 5), 1 <= B, 0 <= b < B, n_items and B below 2^31 / DW. Pure integer
+ * no tail, for the narrow blocks' DW), 1 <= B, 0 <= b < B, n_items and B below 2^31 / DW. Pure integer
  * arithmetic, no state.
  */
 #ifndef TD_CUDA_DEC_SPLIT_H
