@@ -629,6 +629,50 @@ static void cuda_decode_grouped_tail(void **state)
     mf_free(&m);
 }
 
+/* The decode kernel's narrow blocks (4 warps, 7 per SM: cuda/dec_split.h, td_dec_narrow_pays),
+ * which the engine takes only where the 8-warp blocks leave warps idle or a row tile is one
+ * chunk. 128 experts, top-10, hidden 640, inter 160: W13 has 20 row tiles (three items of 8, the
+ * last with 4 warps idle) of 2 chunks, W2 40 row tiles of one chunk. On a 132-SM GPU (396 8-warp
+ * blocks, 924 narrow) direct dispatch takes them for W13 at M = 14, 16 and 32 (3, 3 and 5 rounds
+ * against 2, 2 and 4; at M = 8 2 either way) and, with raw storage (no fused W2), for W2 at
+ * M = 8, 16 and 32 (2, 3 and 5 against 1, 2 and 4). Every call bit for bit against
+ * kernels=generic (which has no narrow blocks) and against grouped dispatch (8-warp blocks), and
+ * one against the reference. */
+static void cuda_decode_narrow(void **state)
+{
+    (void)state;
+    enum { B8 = 132 * 3, BN = 132 * TD_DEC_NARROW_BLOCKS };
+    static const struct { int M, takes; } w13[] = {{8, 0}, {14, 1}, {16, 1}, {32, 1}};
+    for (size_t i = 0; i < TD_ARRAY_LEN(w13); i++) {
+        const int g = 10 * w13[i].M, n8 = g * 3, nn = g * 5;
+        assert_int_equal(td_dec_narrow_pays(g, 20, 2, n8 < B8 ? n8 : B8, nn < BN ? nn : BN), w13[i].takes);
+    }
+    static const struct { int M, takes; } w2[] = {{8, 1}, {16, 1}, {32, 1}};
+    for (size_t i = 0; i < TD_ARRAY_LEN(w2); i++) {
+        const int g = 10 * w2[i].M, n8 = g * 5, nn = g * 10;
+        assert_int_equal(td_dec_narrow_pays(g, 40, 1, n8 < B8 ? n8 : B8, nn < BN ? nn : BN), w2[i].takes);
+    }
+    mf_opts o;
+    shape(&o, 29, 640, 128, 10, 160, 160);
+    mf_model m;
+    const char *dir = fixture_or_skip("gpu_dec_narrow", &o, &m);
+    static const exact_call seq[] = {
+        {14, -1, 800, 0}, {16, -1, 801, 0}, {32, -1, 802, 0}, {8, -1, 803, 0}, {16, 5, 804, 0}, {1, -1, 805, 0},
+    };
+    static const char *const vs[] = {
+        "cuda:act_dtype=fp16",
+        "cuda:act_dtype=bf16,storage=raw",
+        "cuda:act_dtype=fp16,storage=raw",
+    };
+    exact_vs_generic(dir, vs, TD_ARRAY_LEN(vs), seq, TD_ARRAY_LEN(seq), "narrow");
+    exact_seq(dir, "cuda:act_dtype=fp16", "cuda:act_dtype=fp16,moe_dispatch=grouped", 0, seq, TD_ARRAY_LEN(seq),
+              "narrow");
+    exact_seq(dir, "cuda:act_dtype=bf16,storage=raw", "cuda:act_dtype=bf16,storage=raw,moe_dispatch=grouped", 0, seq,
+              TD_ARRAY_LEN(seq), "narrow");
+    compare(dir, "ref:scale=fp16,act_dtype=fp16", "cuda:act_dtype=fp16", 4e-3, 0, 16, -1, "narrow");
+    mf_free(&m);
+}
+
 /* Prefill-sized calls take other paths than decode-sized ones (the BF16 router and shared
  * expert on k_wgp, wgmma over 64 or 128 rows by 64 tokens per block, the inputs laid out by
  * the round (router, shared W13) or by k_wsplit (shared W2), FP16 inputs split into hi and
@@ -1038,6 +1082,7 @@ int main(void)
         cmocka_unit_test(cuda_sweep),
         cmocka_unit_test(cuda_decode_kernel),
         cmocka_unit_test(cuda_decode_grouped_tail),
+        cmocka_unit_test(cuda_decode_narrow),
         cmocka_unit_test(cuda_prefill_parts),
         cmocka_unit_test(cuda_routing),
         cmocka_unit_test(cuda_combine_taps),
