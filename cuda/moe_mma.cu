@@ -2333,18 +2333,19 @@ static td_status spread_smem(const void *kern, int64_t grid, int sms, int bps, i
     return TD_OK;
 }
 
-/* Launch k_dec instance kern on `grid` blocks of `warps` warps over row-tile blocks of tbx
- * (bps blocks per SM fit; smem: the dynamic bytes it uses, raised by spread_smem where the grid
- * needs fewer blocks per SM). */
-static td_status dec_launch(void (*kern)(mm_args, int), const mm_args &a, int64_t grid, int warps, int64_t tbx,
-                            int bps, size_t smem, int sms, int dev, cudaStream_t s, td_err *err)
+/* Launch the persistent kernel kern (`what`: its name in errors) with args on `grid` blocks of
+ * `threads` threads (bps blocks per SM fit; smem: the dynamic bytes it uses, raised by
+ * spread_smem where the grid needs fewer blocks per SM); a programmatic dependent launch where
+ * pdl. k_dec and k_w2c. */
+template <typename... P, typename... A>
+static td_status spread_launch(void (*kern)(P...), const char *what, int64_t grid, int threads, int bps, size_t smem,
+                               int sms, int dev, cudaStream_t s, bool pdl, td_err *err, A... args)
 {
     size_t launch_smem = smem;
     const td_status pst = spread_smem((const void *)kern, grid, sms, bps, dev, smem, &launch_smem, err);
     if (pst) return pst;
-    TD_CU_TRY(err, cu_launch(kern, dim3((unsigned)grid), dim3((unsigned)(warps * 32)), launch_smem, s, a.c.pdl != 0,
-                             a, (int)tbx));
-    TD_CU_LAUNCHED(err, "k_dec");
+    TD_CU_TRY(err, cu_launch(kern, dim3((unsigned)grid), dim3((unsigned)threads), launch_smem, s, pdl, args...));
+    TD_CU_LAUNCHED(err, what);
     return TD_OK;
 }
 
@@ -2394,8 +2395,8 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
         const int64_t gridn = dec_narrow_grid(a.c, WK, CH, a.xrows, a.geo.xs_w, sms, &tbxn, &bpsn, &smemn);
         const int64_t groups = (a.c.nslots + a.c.pack - 1) / a.c.pack; /* <= its items < 2^31 when gridn > 0 */
         if (gridn > 0 && td_dec_narrow_pays((int)groups, (int)(a.c.W.R / 16), a.geo.NC, (int)grid, (int)gridn))
-            return dec_launch(dec_kernel<WK, ACT, CH, 1, false, DEC_NARROW_WARPS>(a.c.epi), a, gridn, DEC_NARROW_WARPS,
-                              tbxn, bpsn, smemn, sms, dev, s, err);
+            return spread_launch(dec_kernel<WK, ACT, CH, 1, false, DEC_NARROW_WARPS>(a.c.epi), "k_dec", gridn,
+                                 DEC_NARROW_WARPS * 32, bpsn, smemn, sms, dev, s, a.c.pdl != 0, err, a, (int)tbxn);
     }
     /* one tile: the kernel with the last items by chunks where a block may take some (the item
      * count is known here for direct dispatch; grouped dispatch counts its groups on the device) */
@@ -2406,8 +2407,8 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
          * the safe choice (and n need not fit an int) */
         tail = n > items || td_dec_tail_possible((int)n, !a.c.perm, a.geo.NC, DW, (int)grid);
     }
-    return dec_launch(tail ? dec_kernel<WK, ACT, CH, NT, true>(a.c.epi) : dec_kernel<WK, ACT, CH, NT, false>(a.c.epi), a,
-                      grid, DW, tbx, bps, smem, sms, dev, s, err);
+    return spread_launch(tail ? dec_kernel<WK, ACT, CH, NT, true>(a.c.epi) : dec_kernel<WK, ACT, CH, NT, false>(a.c.epi),
+                         "k_dec", grid, DW * 32, bps, smem, sms, dev, s, a.c.pdl != 0, err, a, (int)tbx);
 }
 
 template <int WK, int ACT>
@@ -2630,9 +2631,8 @@ bool cu_mm_w2c_fits(const cu_mm_call *c, int64_t k)
 bool cu_mm_w2c_pays(const cu_mm_call *c, int64_t k)
 {
     int dev = 0, sms = 0, bps = 0;
-    if (!cu_mm_w2c_fits(c, k) || cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        return false;
+    td_err err;
+    if (!cu_mm_w2c_fits(c, k) || sm_count(&dev, &sms, &err)) return false;
     /* the grids both launches would take: k_dec's W2 (one 8-token tile, 8 warps) and k_w2c's */
     const mm_geo g = geo_of(c->W.K);
     const int64_t RT = c->W.R / 16, tokens = c->nslots / k, DW = dec_occupancy<1>::warps;
@@ -2652,14 +2652,8 @@ static td_status launch_w2c(const mm_args &a, const cu_w2c_args &cb, cudaStream_
     const td_status sst = sm_count(&dev, &sms, err);
     if (sst) return sst;
     const int64_t grid = w2c_grid(a.c.nslots / cb.k * (a.c.W.R / 16), smem, sms, &bps);
-    void (*const kern)(mm_args, cu_w2c_args) = k_w2c<ACT, CH>;
-    size_t launch_smem = smem;
-    const td_status pst = spread_smem((const void *)kern, grid, sms, bps, dev, smem, &launch_smem, err);
-    if (pst) return pst;
-    TD_CU_TRY(err, cu_launch(kern, dim3((unsigned)grid), dim3((unsigned)(cb.k * 32)), launch_smem, s, a.c.pdl != 0, a,
-                             cb));
-    TD_CU_LAUNCHED(err, "k_w2c");
-    return TD_OK;
+    return spread_launch(k_w2c<ACT, CH>, "k_w2c", grid, (int)(cb.k * 32), bps, smem, sms, dev, s, a.c.pdl != 0, err, a,
+                         cb);
 }
 
 template <int ACT>

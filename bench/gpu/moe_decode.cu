@@ -274,30 +274,22 @@ static void parse(int argc, char **argv, opts *o)
     o->iters = 200, o->sets = 16, o->dense = 8, o->seed = 1, o->big = 0, o->cublas = NULL, o->db = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--json")) {
-            o->json = true;
-            continue;
-        }
-        if (!strcmp(a, "--no-cublas")) {
-            o->no_cublas = true;
-            continue;
-        }
-        if (!strcmp(a, "--no-presplit")) {
-            o->no_presplit = true;
-            continue;
-        }
-        if (!strcmp(a, "--separate-combine")) {
-            o->separate_combine = true;
-            continue;
-        }
-        if (!strcmp(a, "--no-dec-narrow")) {
-            o->dec_narrow = false;
-            continue;
-        }
-        if (!strcmp(a, "--check-narrow")) {
-            o->check_narrow = true;
-            continue;
-        }
+        /* the options without a value: each sets its flag */
+        const struct { const char *name; bool *flag; bool value; } flags[] = {
+            {"--json", &o->json, true},
+            {"--no-cublas", &o->no_cublas, true},
+            {"--no-presplit", &o->no_presplit, true},
+            {"--separate-combine", &o->separate_combine, true},
+            {"--no-dec-narrow", &o->dec_narrow, false},
+            {"--check-narrow", &o->check_narrow, true},
+        };
+        bool is_flag = false;
+        for (const auto &f : flags)
+            if (!strcmp(a, f.name)) {
+                *f.flag = f.value;
+                is_flag = true;
+            }
+        if (is_flag) continue;
         if (i + 1 >= argc) usage();
         const char *v = argv[++i];
         if (!strcmp(a, "--hidden")) o->H = num(a, v);
