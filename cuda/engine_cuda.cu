@@ -573,7 +573,7 @@ static td_status alloc_ws(cu_engine *c, td_err *err)
         {(void **)&w->n_groups, i4},          {(void **)&w->g_mat, G * i4},
         {(void **)&w->g_start, G * i4},       {(void **)&w->g_count, G * i4},
         {(void **)&w->perm, C * k * i4},
-        {(void **)&w->sp_x, (size_t)cu_mm_split_bytes((int64_t)C, (int64_t)H)},
+        {(void **)&w->sp_x, (size_t)cu_mm_input_ws_bytes((int64_t)C, (int64_t)H)},
         {(void **)&w->sp_sh, (size_t)cu_mm_split_bytes((int64_t)C, (int64_t)(isl > H ? isl : H))},
     };
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
@@ -623,6 +623,7 @@ static td_status cu_load(const char *checkpoint, const td_variant *v, td_engine 
         bs->grouped = v->moe_dispatch == TD_DISPATCH_GROUPED;
         bs->generic = v->generic;
         bs->dec_narrow = true; /* where td_dec_narrow_pays takes them (cuda/dec_split.h) */
+        bs->stage_img = true;  /* the round stages the input for the router's k_mm blocks */
         c->layers = (cu_layer *)calloc((size_t)(cf->num_hidden_layers > 0 ? cf->num_hidden_layers : 1),
                                        sizeof *c->layers);
         if (!c->layers) {

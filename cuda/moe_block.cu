@@ -39,7 +39,8 @@ static void mm_range_groups(cu_mm_call *m, int64_t M)
  * which the shared W13 takes when it runs on k_wgp with that layout. */
 static void mm_expert_calls(const cu_block_shape *sh, const cu_block_ws *ws, const cu_qmat *w13, const cu_qmat *w2,
                             int ri, int64_t mats, bool routed_slots, bool grouped, int64_t Mc, int64_t il,
-                            uint16_t *act16, uint16_t *y16, bool pdl, int x_nst, cu_mm_call *m13, cu_mm_call *m2)
+                            uint16_t *act16, uint16_t *y16, bool pdl, int x_nst, const uint32_t *xst,
+                            int64_t xst_plane, cu_mm_call *m13, cu_mm_call *m2)
 {
     const int64_t H = sh->H, k = sh->k;
     cu_mm_call m;
@@ -72,8 +73,12 @@ static void mm_expert_calls(const cu_block_shape *sh, const cu_block_ws *ws, con
             m.split_ws = ws->sp_x;
             m.presplit = 1;
         }
+        m.xst = xst; /* the round staged the input (decode sizes) */
+        m.xst_plane = xst_plane;
     }
     *m13 = m;
+    m.xst = NULL; /* W2 reads W13's output */
+    m.xst_plane = 0;
     m.W = *w2;
     m.in16 = act16;
     m.in_ld = il;
@@ -94,10 +99,12 @@ static void mm_expert_calls(const cu_block_shape *sh, const cu_block_ws *ws, con
 
 static td_status mm_expert(const cu_block_shape *sh, const cu_block_ws *ws, const cu_qmat *w13, const cu_qmat *w2,
                            int ri, int64_t mats, bool routed_slots, bool grouped, int64_t Mc, int64_t il,
-                           uint16_t *act16, uint16_t *y16, bool pdl, int x_nst, cudaStream_t s, td_err *err)
+                           uint16_t *act16, uint16_t *y16, bool pdl, int x_nst, const uint32_t *xst,
+                           int64_t xst_plane, cudaStream_t s, td_err *err)
 {
     cu_mm_call m13, m2;
-    mm_expert_calls(sh, ws, w13, w2, ri, mats, routed_slots, grouped, Mc, il, act16, y16, pdl, x_nst, &m13, &m2);
+    mm_expert_calls(sh, ws, w13, w2, ri, mats, routed_slots, grouped, Mc, il, act16, y16, pdl, x_nst, xst, xst_plane,
+                    &m13, &m2);
     const td_status st = cu_mm(&m13, s, err);
     return st ? st : cu_mm(&m2, s, err);
 }
@@ -143,7 +150,7 @@ static td_status group_slots(const cu_block_shape *sh, const cu_block_w *ly, con
  * its end in ev_join. The join record is made even on failure, so that a capture can end once
  * s waits for it (shared_join). */
 static td_status shared_fork(const cu_block_shape *sh, const cu_block_w *ly, const cu_block_ws *c, int r, int64_t Mc,
-                             int x_nst, td_err *err)
+                             int x_nst, const uint32_t *xst, int64_t xst_plane, td_err *err)
 {
     const int64_t H = sh->H, isl = sh->Is / sh->tp_size;
     const int ri = r - sh->rank0, act = sh->act;
@@ -153,7 +160,7 @@ static td_status shared_fork(const cu_block_shape *sh, const cu_block_w *ly, con
     td_status st;
     if (ly->sh_mm) {
         st = mm_expert(sh, c, &ly->sh13, &ly->sh2, ri, 1, false, false, Mc, isl, c->sh_act16, c->sh_out16, false, x_nst,
-                       s2, err);
+                       xst, xst_plane, s2, err);
     } else {
         st = cu_moe_w13(ly->sh_gate, ly->sh_up, r * isl, isl, NULL, 1, Mc, c->xa, H, act, c->sh_act, s2, err);
         if (!st) st = cu_moe_w2(ly->sh_down, r * isl, isl, NULL, Mc, c->sh_act, H, act, c->sh_out, s2, err);
@@ -182,8 +189,8 @@ static td_status routed_mm(const cu_block_shape *sh, const cu_block_w *ly, const
                            int64_t Mc, int64_t il, bool pdl, bool *pending, bool *fused, td_err *err)
 {
     cu_mm_call m13, m2;
-    mm_expert_calls(sh, c, &ly->w13, &ly->w2, ri, sh->nr, true, grouped, Mc, il, c->act16, c->eout16, pdl, 0, &m13,
-                    &m2);
+    mm_expert_calls(sh, c, &ly->w13, &ly->w2, ri, sh->nr, true, grouped, Mc, il, c->act16, c->eout16, pdl, 0, NULL, 0,
+                    &m13, &m2);
     *fused = w2c_fused(sh, &m2);
     td_status st = cu_mm(&m13, c->s, err);
     if (!*fused) return st ? st : cu_mm(&m2, c->s, err);
@@ -242,8 +249,21 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
     }
     /* the rounded input as floats (xa) is read by the CUDA-core kernels only */
     const bool need_xa = !mm_act || !ly->mm || !ly->router_mm || (ly->has_shared && !ly->sh_mm);
+    /* decode sizes: the round stages the input once for the router's and the shared W13's k_mm
+     * blocks, which copy it instead of each converting the same rows (cu_mm_call::xst) */
+    uint32_t *xst = NULL;
+    int64_t xst_plane = 0;
+    if (x_nst == 0 && sh->stage_img && mm_act && c->sp_x && !sh->generic && Mc < 256 && H % 8 == 0 &&
+        (router_mm || (shared && ly->sh_mm))) {
+        xst = reinterpret_cast<uint32_t *>(c->sp_x);
+        xst_plane = Mc * cu_mm_stage_words((H + 31) / 32 * 32);
+        rm.xst = xst;
+        rm.xst_plane = xst_plane;
+    }
     if (x_nst > 0)
         st = cu_mm_round_split(c->x, need_xa ? c->xa : NULL, c->xa16, Mc, H, act, x_nst, c->sp_x, s, err);
+    else if (xst)
+        st = cu_mm_round_stage(c->x, need_xa ? c->xa : NULL, c->xa16, Mc, H, act, xst, s, err);
     else if (mm_act)
         st = cu_moe_round16(c->x, need_xa ? c->xa : NULL, c->xa16, Mc * H, act, s, err);
     else
@@ -252,7 +272,7 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
     /* The first rank's shared expert needs only the rounded input: it runs beside the router,
      * the routing and the routed experts. */
     if (shared) {
-        st = shared_fork(sh, ly, c, r0, Mc, x_nst, err);
+        st = shared_fork(sh, ly, c, r0, Mc, x_nst, xst, xst_plane, err);
         if (st) return shared_join(c, st, err);
     }
     bool pending = shared; /* s has not waited for the forked shared expert yet */
@@ -274,7 +294,7 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
     for (int r = r0; r < r1 && !st; r++) {
         const int ri = r - sh->rank0;
         if (shared && r > r0) { /* the next rank's shared expert, after the previous combine */
-            st = shared_fork(sh, ly, c, r, Mc, x_nst, err);
+            st = shared_fork(sh, ly, c, r, Mc, x_nst, xst, xst_plane, err);
             pending = true;
             if (st) break;
         }

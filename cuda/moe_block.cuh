@@ -62,6 +62,10 @@ typedef struct cu_block_shape {
                                    the narrow blocks of 4 warps where td_dec_narrow_pays takes
                                    them (cu_mm_call::dec_narrow; the same bits); on in the
                                    engine, off with moe_decode --no-dec-narrow (its A/B) */
+    bool stage_img;             /* at decode sizes (M < 256) the round stages the input for
+                                   the router's and the shared W13's k_mm blocks into ws->sp_x
+                                   (cu_mm_round_stage, cu_mm_call::xst; the same bits); on in
+                                   the engine, off with moe_decode --no-stage-img (its A/B) */
 } cu_block_shape;
 
 /* Workspace for up to C tokens (sizes in brackets). The intermediates of an expert on the
@@ -87,8 +91,9 @@ typedef struct cu_block_ws {
     int32_t *g_mat, *g_start, *g_count; /* [cu_mm_group_ws(C, k, E)] */
     int32_t *perm;              /* [C*k] */
     uint8_t *sp_x, *sp_sh;      /* optional (NULL: unused): k_wgp's laid-out inputs
-                                   (cu_mm_call::split_ws) of the router and the shared W13,
-                                   [cu_mm_split_bytes(C, H)], and of the shared W2 (or of the
+                                   (cu_mm_call::split_ws) of the router and the shared W13, or
+                                   at decode sizes their staged input (cu_mm_call::xst),
+                                   [cu_mm_input_ws_bytes(C, H)], and of the shared W2 (or of the
                                    shared W13 too when the round did not lay x out),
                                    [cu_mm_split_bytes(C, max(H, Is/tp))] */
     int32_t *ids_discard;       /* [C, k], optional: with imposed routes, the routing kernel */

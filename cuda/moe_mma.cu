@@ -441,6 +441,31 @@ __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, 
     __syncthreads();
 }
 
+/* The group's input rows from the image cu_mm_round_stage made (cu_mm_call::xst): rows slot0 ..
+ * slot0 + count - 1 of each plane are contiguous there and land where stage_x puts them (row j
+ * at j * xs_w, the lo plane `copy` words further), so thread 0 moves them with one bulk copy per
+ * plane on a barrier of the block's and every thread waits for its bytes. Ends with the rows in
+ * place for every thread (the barrier's wait orders them, as a __syncthreads would). */
+template <bool SPLIT>
+__device__ __forceinline__ void stage_img(const mm_args &a, int64_t slot0, int count, uint32_t *xs)
+{
+    __shared__ __align__(8) uint64_t img_bar;
+    const uint32_t bar = cu_smem_addr(&img_bar);
+    const int64_t xs_w = a.geo.xs_w;
+    if (threadIdx.x == 0) {
+        cu_mbar_init(&img_bar);
+        cu_mbar_init_fence();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const uint32_t bytes = (uint32_t)(count * xs_w * 4);
+        cu_mbar_expect(bar, SPLIT ? 2 * bytes : bytes);
+        cu_bulk_copy(cu_smem_addr(xs), a.c.xst + slot0 * xs_w, bytes, bar);
+        if (SPLIT) cu_bulk_copy(cu_smem_addr(xs + a.xrows * xs_w), a.c.xst + a.c.xst_plane + slot0 * xs_w, bytes, bar);
+    }
+    cu_mbar_wait(bar, 0);
+}
+
 /* One warp's weights and scales of up to PF steps, in registers. */
 template <int PF>
 struct mm_regs {
@@ -608,7 +633,10 @@ __device__ __forceinline__ void mm_chunk(const mm_args &a, int64_t mat, int64_t 
                 cu_pdl_release();
             }
             if (s0 > 0) __syncthreads(); /* a later part: every warp is done with the one before */
-            stage_x<SPLIT, 2>(a, plist, slot0, count, xs, s0, s1);
+            /* staged by the round already (cu_mm only passes xst to such calls: BF16 weights,
+             * range groups, the chunks on NC warps, K staged whole) */
+            if (WK == 2 && a.c.xst) stage_img<SPLIT>(a, slot0, count, xs);
+            else stage_x<SPLIT, 2>(a, plist, slot0, count, xs, s0, s1);
         }
         mm_compute<WK, ACT, NT, PF>(a, mat, base, n, count, xs, s0, lane, r, acc);
         if (base + PF >= k1) break;
@@ -1143,6 +1171,44 @@ __global__ void __launch_bounds__(256) k_round_split(const float *x, float *xa, 
         }
     }
     wp_put<ACT>(d, q);
+}
+
+/* k_round_stage: x [M, H] rounded to act as k_round16 rounds it (x16, and xa as floats unless
+ * NULL) and at once staged for k_mm (cu_mm_round_stage): one thread per 16-byte piece v of row t
+ * of the image (W / 4 pieces per row, W words), the pieces at or beyond H / 8 zeros, its four
+ * words where stage_x puts them, split into hi (plane 0) and lo (plane 1, M * W words further)
+ * for FP16 inputs by the same function. The first kernel of a block call: no wait. */
+template <int ACT>
+__global__ void __launch_bounds__(256) k_round_stage(const float *x, float *xa, uint16_t *x16, int64_t M, int64_t H,
+                                                     int W, int64_t pieces, uint32_t *img)
+{
+    cu_pdl_release();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= pieces) return;
+    const int64_t t = i / (W / 4);
+    const int v = (int)(i - t * (W / 4));
+    const int64_t c0 = (int64_t)v * 8;
+    uint4 q = make_uint4(0u, 0u, 0u, 0u);
+    if (c0 < H) {
+        const float4 *src = reinterpret_cast<const float4 *>(x + t * H + c0);
+        const float4 f0 = src[0], f1 = src[1];
+        const float f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
+        uint32_t b[8];
+        float r[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            b[j] = bits16(f[j], ACT);
+            r[j] = cu_round_act(f[j], ACT);
+        }
+        q = make_uint4(b[0] | b[1] << 16, b[2] | b[3] << 16, b[4] | b[5] << 16, b[6] | b[7] << 16);
+        *reinterpret_cast<uint4 *>(x16 + t * H + c0) = q;
+        if (xa) {
+            float4 *dst = reinterpret_cast<float4 *>(xa + t * H + c0);
+            dst[0] = make_float4(r[0], r[1], r[2], r[3]);
+            dst[1] = make_float4(r[4], r[5], r[6], r[7]);
+        }
+    }
+    store_x4<ACT == 1>(q, img + t * W + xs_word(v, 0), (int)(M * W));
 }
 
 template <int ACT, int WG>
@@ -2538,6 +2604,32 @@ int64_t cu_mm_split_bytes(int64_t tokens, int64_t K)
     return (tokens + WP_NT * 8 - 1) / (WP_NT * 8) * ((K + WP_SS * 32 - 1) / (WP_SS * 32)) * wp_split_bytes(1);
 }
 
+int64_t cu_mm_stage_words(int64_t K) { return xs_words(K / 32); }
+
+int64_t cu_mm_stage_bytes(int64_t tokens, int64_t H) { return 2 * tokens * cu_mm_stage_words(round_up(H, 32)) * 4; }
+
+int64_t cu_mm_input_ws_bytes(int64_t tokens, int64_t H)
+{
+    const int64_t a = cu_mm_split_bytes(tokens, H), b = cu_mm_stage_bytes(tokens < 255 ? tokens : 255, H);
+    return a > b ? a : b;
+}
+
+td_status cu_mm_round_stage(const float *x, float *xa, uint16_t *x16, int64_t M, int64_t H, int act, uint32_t *img,
+                            cudaStream_t s, td_err *err)
+{
+    if (M <= 0) return TD_OK;
+    const int64_t W = cu_mm_stage_words(round_up(H, 32));
+    if ((act != 1 && act != 2) || H <= 0 || H % 8 || M >= 256 || !img || (uintptr_t)img % 16)
+        return td_err_set(err, TD_ERR_ARG, "cuda moe: staging %lld rows of %lld columns (act %d) for k_mm",
+                          (long long)M, (long long)H, act);
+    const int64_t pieces = M * (W / 4);
+    const dim3 grid((unsigned)((pieces + 255) / 256));
+    if (act == 1) k_round_stage<1><<<grid, 256, 0, s>>>(x, xa, x16, M, H, (int)W, pieces, img);
+    else k_round_stage<2><<<grid, 256, 0, s>>>(x, xa, x16, M, H, (int)W, pieces, img);
+    TD_CU_LAUNCHED(err, "k_round_stage");
+    return TD_OK;
+}
+
 /* The checks every projection call passes before it is launched (cu_mm, cu_mm_w2c). */
 static td_status mm_check(const cu_mm_call *c, td_err *err)
 {
@@ -2577,6 +2669,11 @@ td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err)
     const int ntmax = a.xrows > 8 ? 2 : 1;
     const int WK = c->W.kind == CU_W_NVFP4 ? (c->W.raw ? 1 : 0) : 2;
     const int64_t RT = c->W.R / 16;
+    /* the staged image only where k_mm runs the chunks on NC warps over range groups */
+    if (!(WK == 2 && a.split && !c->generic && !c->perm && !c->ids && c->in_div == 1)) a.c.xst = NULL;
+    if (a.c.xst && ((uintptr_t)a.c.xst % 16 || a.c.xst_plane % 4 || a.c.xst_plane < c->nslots * a.geo.xs_w))
+        return td_err_set(err, TD_ERR_INTERNAL, "cuda moe: a staged input image that is misaligned or smaller than "
+                          "%lld rows", (long long)c->nslots);
     dim3 grid((unsigned)((RT + rpb - 1) / rpb), (unsigned)c->max_groups);
     if (dec_fits(&c->W, c->generic, a.xrows))
         return launch_dec_pick(a, WK, c->act, a.geo.chunk == 10, s, err);
@@ -2701,6 +2798,54 @@ static bool same16(uint16_t a, uint16_t b, int act)
     return fa != fa && fb != fb; /* NaNs: any payload */
 }
 
+/* n seeded inputs of the round checks: uniform at scales 1e-3 .. 3e4, one in 16 an edge value
+ * (signed zeros, FP16 / BF16 subnormals and overflow, infinities, NaN, rounding ties). */
+static void round_inputs(float *hx, int64_t n, uint64_t seed)
+{
+    static const float special[] = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.0f, 65520.0f, -7e4f, 1e-7f, -6e-8f,
+                                    3e-8f, 5.96046448e-8f, 1e-40f, 3.0e38f, INFINITY, -INFINITY, NAN, 1.00390625f,
+                                    1.005859375f, 0.333333343f};
+    uint64_t r = seed;
+    for (int64_t i = 0; i < n; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        const uint32_t u = (uint32_t)(r >> 32);
+        if ((u & 15) == 0) {
+            hx[i] = special[(u >> 4) % (sizeof special / sizeof special[0])];
+        } else {
+            static const float scales[4] = {1e-3f, 1.0f, 3.0f, 3e4f};
+            const float z = ((float)(u >> 8) / 16777216.0f) * 2.0f - 1.0f;
+            hx[i] = z * scales[(u >> 4) & 3];
+        }
+    }
+}
+
+/* The round's x16 and xa (n values, then `canary` elements that must stay all-ones) against the
+ * host's RNE conversions of hx; 0 or 1 with msg. */
+static int round_outputs_check(const float *hx, const uint16_t *h16, const float *hxa, int64_t n, int64_t canary,
+                               int64_t M, int64_t H, int act, char *msg, size_t cap)
+{
+    for (int64_t i = 0; i < n + canary; i++) {
+        uint32_t xb;
+        memcpy(&xb, &hxa[i], 4);
+        if (i >= n) {
+            if (xb != 0xFFFFFFFFu || h16[i] != 0xFFFF) {
+                snprintf(msg, cap, "M %lld H %lld act %d: element %lld past the inputs written", (long long)M,
+                         (long long)H, act, (long long)i);
+                return 1;
+            }
+            continue;
+        }
+        const uint16_t want = act == 1 ? td_f32_to_f16(hx[i]) : td_f32_to_bf16(hx[i]);
+        const float wf = act == 1 ? td_f16_to_f32(want) : td_bf16_to_f32(want);
+        if (!same16(h16[i], want, act) || !(memcmp(&hxa[i], &wf, 4) == 0 || (wf != wf && hxa[i] != hxa[i]))) {
+            snprintf(msg, cap, "M %lld H %lld act %d: input %lld (%g) rounds to 0x%04x (%g as float), expected 0x%04x",
+                     (long long)M, (long long)H, act, (long long)i, (double)hx[i], h16[i], (double)hxa[i], want);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* One case: M x H inputs, nst stages, act; returns 0, 1 (mismatch, msg), -1 (CUDA error). */
 static int round_split_case(int64_t M, int64_t H, int nst, int act, uint64_t seed, int broken, char *msg, size_t cap)
 {
@@ -2714,24 +2859,8 @@ static int round_split_case(int64_t M, int64_t H, int nst, int act, uint64_t see
     uint16_t *d16 = NULL;
     uint8_t *ds = NULL;
     int rc = -1;
-    static const float special[] = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.0f, 65520.0f, -7e4f, 1e-7f, -6e-8f,
-                                    3e-8f, 5.96046448e-8f, 1e-40f, 3.0e38f, INFINITY, -INFINITY, NAN, 1.00390625f,
-                                    1.005859375f, 0.333333343f};
     if (!hx || !hxa || !h16 || !hs) goto done;
-    {
-        uint64_t r = seed;
-        for (int64_t i = 0; i < n; i++) {
-            r = r * 6364136223846793005ull + 1442695040888963407ull;
-            const uint32_t u = (uint32_t)(r >> 32);
-            if ((u & 15) == 0) {
-                hx[i] = special[(u >> 4) % (sizeof special / sizeof special[0])];
-            } else {
-                static const float scales[4] = {1e-3f, 1.0f, 3.0f, 3e4f};
-                const float z = ((float)(u >> 8) / 16777216.0f) * 2.0f - 1.0f;
-                hx[i] = z * scales[(u >> 4) & 3];
-            }
-        }
-    }
+    round_inputs(hx, n, seed);
     if (cudaMalloc(&dx, (size_t)n * 4) || cudaMalloc(&dxa, (size_t)(n + canary) * 4) ||
         cudaMalloc(&d16, (size_t)(n + canary) * 2) || cudaMalloc(&ds, sbytes + 256))
         goto done;
@@ -2752,25 +2881,7 @@ static int round_split_case(int64_t M, int64_t H, int nst, int act, uint64_t see
         cudaMemcpy(hs, ds, sbytes + 256, cudaMemcpyDeviceToHost))
         goto done;
     rc = 1;
-    for (int64_t i = 0; i < n + canary; i++) {
-        uint32_t xb;
-        memcpy(&xb, &hxa[i], 4);
-        if (i >= n) {
-            if (xb != 0xFFFFFFFFu || h16[i] != 0xFFFF) {
-                snprintf(msg, cap, "M %lld H %lld act %d: element %lld past the inputs written", (long long)M,
-                         (long long)H, act, (long long)i);
-                goto done;
-            }
-            continue;
-        }
-        const uint16_t want = act == 1 ? td_f32_to_f16(hx[i]) : td_f32_to_bf16(hx[i]);
-        const float wf = act == 1 ? td_f16_to_f32(want) : td_bf16_to_f32(want);
-        if (!same16(h16[i], want, act) || !(memcmp(&hxa[i], &wf, 4) == 0 || (wf != wf && hxa[i] != hxa[i]))) {
-            snprintf(msg, cap, "M %lld H %lld act %d: input %lld (%g) rounds to 0x%04x (%g as float), expected 0x%04x",
-                     (long long)M, (long long)H, act, (long long)i, (double)hx[i], h16[i], (double)hxa[i], want);
-            goto done;
-        }
-    }
+    if (round_outputs_check(hx, h16, hxa, n, canary, M, H, act, msg, cap)) goto done;
     {
         const int64_t T = (M + 63) / 64 * 64;
         size_t covered = 0;
@@ -2847,6 +2958,186 @@ extern "C" int td_cuda_round_split_check(int broken, char *msg, size_t cap)
         for (int act = 1; act <= 2; act++) {
             const int rc = round_split_case(cases[i].M, cases[i].H, cases[i].nst, act, 0x5EED0000u + i * 2 + act, broken,
                                             msg, cap);
+            if (rc) return rc;
+        }
+    snprintf(msg, cap, "ok");
+    return 0;
+}
+
+/* ==== check of cu_mm_round_stage and of k_mm's staged input ===================================== */
+
+/* The word of column c in a staged row, from the layout's formula (stage_x's comment): column
+ * pair w = c / 2 of step w / 16 at (w / 16) * 16 + (u & 3) * 4 + b * 2 + (u >> 2), b = (w % 16) / 8
+ * the 16-column block, u = w % 8; the low half for even c. broken: b and u >> 2 swapped. */
+static int64_t stage_word_of(int64_t c, int broken)
+{
+    const int64_t w = c / 2, b = (w % 16) / 8, u = w % 8;
+    return (w / 16) * 16 + (u & 3) * 4 + (broken ? (u >> 2) * 2 + b : b * 2 + (u >> 2));
+}
+
+/* One case: M x H inputs, act. The image against the formula (every word of both planes, zeros
+ * past H, nothing past the image), x16 / xa against the host; then a BF16 matrix of 40 rows (3
+ * row tiles, the last half padding) on k_mm with range groups and F32 outputs, poisoned, once
+ * staging the rows itself and once from the image: bit-identical, every output written, the
+ * row padding untouched. broken 1: the reference's word formula wrong; broken 2: k_mm given an
+ * image 16 words off. Returns 0, 1 (msg) or -1 (CUDA error). */
+static int round_stage_case(int64_t M, int64_t H, int act, uint64_t seed, int broken, char *msg, size_t cap)
+{
+    const int64_t n = M * H, canary = 64, K = round_up(H, 32), W = cu_mm_stage_words(K), rows = 40, R = 48;
+    const int64_t out_ld = rows + 3, nout = M * out_ld + canary;
+    const size_t ibytes = (size_t)cu_mm_stage_bytes(M, H);
+    float *hx = (float *)malloc((size_t)n * 4), *hxa = (float *)malloc((size_t)(n + canary) * 4);
+    uint16_t *h16 = (uint16_t *)malloc((size_t)(n + canary) * 2), *hw = (uint16_t *)malloc((size_t)(R * K) * 2);
+    uint32_t *himg = (uint32_t *)malloc(ibytes + 256), *ho[2] = {(uint32_t *)malloc((size_t)nout * 4),
+                                                                  (uint32_t *)malloc((size_t)nout * 4)};
+    float *dx = NULL, *dxa = NULL, *dout = NULL;
+    uint16_t *d16 = NULL, *dw = NULL;
+    uint32_t *dimg = NULL;
+    int rc = -1;
+    td_err err;
+    memset(&err, 0, sizeof err);
+    if (!hx || !hxa || !h16 || !hw || !himg || !ho[0] || !ho[1]) goto done;
+    round_inputs(hx, n, seed);
+    {
+        uint64_t r = seed ^ 0xB5297A4D3F84D5B5ull; /* finite BF16 weights of magnitudes 2^-8 .. 2^3 */
+        for (int64_t i = 0; i < R * K; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            const uint32_t u = (uint32_t)(r >> 32);
+            hw[i] = (uint16_t)((u >> 31) << 15 | (119 + (u >> 8) % 12) << 7 | (u & 127));
+        }
+    }
+    if (cudaMalloc(&dx, (size_t)n * 4) || cudaMalloc(&dxa, (size_t)(n + canary) * 4) ||
+        cudaMalloc(&d16, (size_t)(n + canary) * 2) || cudaMalloc(&dimg, ibytes + 256) ||
+        cudaMalloc(&dw, (size_t)(R * K) * 2) || cudaMalloc(&dout, (size_t)nout * 4))
+        goto done;
+    if (cudaMemcpy(dx, hx, (size_t)n * 4, cudaMemcpyHostToDevice) || cudaMemset(dxa, 0xFF, (size_t)(n + canary) * 4) ||
+        cudaMemset(d16, 0xFF, (size_t)(n + canary) * 2) || cudaMemset(dimg, 0xA5, ibytes + 256) ||
+        cudaMemcpy(dw, hw, (size_t)(R * K) * 2, cudaMemcpyHostToDevice))
+        goto done;
+    rc = 1;
+    if (cu_mm_init(&err) || cu_mm_round_stage(dx, dxa, d16, M, H, act, dimg, 0, &err)) {
+        snprintf(msg, cap, "cu_mm_round_stage: %s", err.msg);
+        goto done;
+    }
+    rc = -1;
+    if (cudaDeviceSynchronize() || cudaMemcpy(hxa, dxa, (size_t)(n + canary) * 4, cudaMemcpyDeviceToHost) ||
+        cudaMemcpy(h16, d16, (size_t)(n + canary) * 2, cudaMemcpyDeviceToHost) ||
+        cudaMemcpy(himg, dimg, ibytes + 256, cudaMemcpyDeviceToHost))
+        goto done;
+    rc = 1;
+    if (round_outputs_check(hx, h16, hxa, n, canary, M, H, act, msg, cap)) goto done;
+    {
+        const int planes = act == 1 ? 2 : 1;
+        const uint8_t *hb = reinterpret_cast<const uint8_t *>(himg);
+        for (int64_t t = 0; t < M; t++)
+            for (int64_t c = 0; c < 2 * W; c++) { /* every word of the row: W words, 2 columns each */
+                const uint16_t v = c < H ? (act == 1 ? td_f32_to_f16(hx[t * H + c]) : td_f32_to_bf16(hx[t * H + c]))
+                                         : (uint16_t)0;
+                uint16_t want[2] = {v, 0};
+                if (act == 1) {
+                    const float f = td_f16_to_f32(v);
+                    want[0] = td_f32_to_bf16(f);
+                    want[1] = td_f32_to_bf16(f - td_bf16_to_f32(want[0]));
+                }
+                for (int pl = 0; pl < planes; pl++) {
+                    const size_t off = (size_t)(((pl * M + t) * W + stage_word_of(c, broken == 1)) * 4 + (c & 1) * 2);
+                    uint16_t got;
+                    memcpy(&got, hb + off, 2);
+                    if (!same16(got, want[pl], 2)) { /* BF16 bits in both planes */
+                        snprintf(msg, cap,
+                                 "M %lld H %lld act %d: token %lld column %lld plane %d is 0x%04x at byte %zu, "
+                                 "expected 0x%04x",
+                                 (long long)M, (long long)H, act, (long long)t, (long long)c, pl, got, off, want[pl]);
+                        goto done;
+                    }
+                }
+            }
+        for (size_t b = (size_t)(planes * M * W * 4); b < ibytes + 256; b++)
+            if (hb[b] != 0xA5) {
+                snprintf(msg, cap, "M %lld H %lld act %d: byte %zu past the image written", (long long)M, (long long)H,
+                         act, b);
+                goto done;
+            }
+    }
+    for (int v = 0; v < 2; v++) {
+        cu_mm_call c;
+        memset(&c, 0, sizeof c);
+        c.W.kind = CU_W_BF16;
+        c.W.rows = rows;
+        c.W.cols = H;
+        c.W.R = R;
+        c.W.K = K;
+        c.W.w = reinterpret_cast<const uint8_t *>(dw);
+        c.W.mat_w = R * K * 2;
+        c.mats_per_expert = 1;
+        c.nslots = M;
+        c.pack = cu_mm_pack(M);
+        c.max_groups = (M + c.pack - 1) / c.pack;
+        c.in16 = d16;
+        c.in_ld = H;
+        c.in_div = 1;
+        c.in_cols = H;
+        c.out = dout;
+        c.out_ld = out_ld;
+        c.out_n = rows;
+        c.epi = CU_MM_F32;
+        c.act = act;
+        if (v == 1) {
+            c.xst = dimg + (broken == 2 ? 16 : 0);
+            c.xst_plane = M * W;
+        }
+        if (cudaMemset(dout, 0xFF, (size_t)nout * 4)) {
+            rc = -1;
+            goto done;
+        }
+        if (cu_mm(&c, 0, &err)) {
+            snprintf(msg, cap, "cu_mm: %s", err.msg);
+            goto done;
+        }
+        if (cudaDeviceSynchronize() || cudaMemcpy(ho[v], dout, (size_t)nout * 4, cudaMemcpyDeviceToHost)) {
+            rc = -1;
+            goto done;
+        }
+    }
+    for (int64_t i = 0; i < nout; i++) {
+        const bool in = i < M * out_ld && i % out_ld < rows;
+        if (ho[0][i] != ho[1][i] || (ho[0][i] == 0xFFFFFFFFu) == in) {
+            snprintf(msg, cap,
+                     "M %lld H %lld act %d: k_mm output %lld is 0x%08x staging the rows, 0x%08x from the image "
+                     "(%s)",
+                     (long long)M, (long long)H, act, (long long)i, ho[0][i], ho[1][i],
+                     in ? "an output" : "past the outputs");
+            goto done;
+        }
+    }
+    rc = 0;
+done:
+    if (rc < 0) snprintf(msg, cap, "CUDA: %s", cudaGetErrorString(cudaGetLastError()));
+    cudaFree(dx);
+    cudaFree(dxa);
+    cudaFree(d16);
+    cudaFree(dimg);
+    cudaFree(dw);
+    cudaFree(dout);
+    free(hx);
+    free(hxa);
+    free(h16);
+    free(hw);
+    free(himg);
+    free(ho[0]);
+    free(ho[1]);
+    return rc;
+}
+
+extern "C" int td_cuda_round_stage_check(int broken, char *msg, size_t cap)
+{
+    if (!check_device(msg, cap)) return -1;
+    static const struct {
+        int64_t M, H;
+    } cases[] = {{1, 64}, {5, 208}, {8, 2560}, {16, 2560}, {17, 528}, {100, 1040}, {255, 256}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int act = 1; act <= 2; act++) {
+            const int rc = round_stage_case(cases[i].M, cases[i].H, act, 0x57A6E000u + i * 2 + act, broken, msg, cap);
             if (rc) return rc;
         }
     snprintf(msg, cap, "ok");

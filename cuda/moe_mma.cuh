@@ -206,6 +206,16 @@ typedef struct cu_mm_call {
     int presplit;                /* 1: split_ws holds the inputs in that layout already
                                     (cu_mm_round_split wrote them): no split launch; only for
                                     a call that runs on k_wgp (cu_mm_wgp_stages > 0) */
+    const uint32_t *xst;         /* decode-sized calls of BF16 matrices on k_mm (nslots < 256,
+                                    range groups, in_div 1, not generic): the input rows
+                                    already staged by cu_mm_round_stage in the order k_mm
+                                    stages them in shared memory (FP16 inputs as their BF16 hi
+                                    plane and, xst_plane words further, their lo plane; BF16
+                                    inputs as they are), which each block copies with one bulk
+                                    copy per plane instead of converting the rows itself.
+                                    NULL, or any other call: the block stages them. Never
+                                    changes a bit */
+    int64_t xst_plane;           /* words from the hi plane to the lo plane of xst */
     int dec_narrow;              /* 1: a one-tile call of direct dispatch on the decode kernel
                                     may run on blocks of 4 warps, 7 per SM (no tail), where
                                     td_dec_narrow_pays (cuda/dec_split.h) takes them; the same
@@ -260,5 +270,23 @@ int cu_mm_wgp_stages(const cu_mm_call *c);
  * M and x16 as input (presplit). The first kernel of a block: launched without waiting. */
 td_status cu_mm_round_split(const float *x, float *xa, uint16_t *x16, int64_t M, int64_t H, int act, int nst,
                             uint8_t *split, cudaStream_t s, td_err *err);
+/* Words of one staged input row of K (padded) columns in k_mm's shared-memory order, and bytes
+ * of cu_mm_round_stage's image of `tokens` rows of H columns (two planes; BF16 inputs use the
+ * first only). */
+int64_t cu_mm_stage_words(int64_t K);
+int64_t cu_mm_stage_bytes(int64_t tokens, int64_t H);
+/* Bytes of a block workspace's sp_x (cu_block_ws) for up to `tokens` tokens of H columns: k_wgp's
+ * layout at prefill sizes (cu_mm_split_bytes) or the staged image at decode sizes
+ * (cu_mm_stage_bytes of at most 255 tokens), whichever is larger. */
+int64_t cu_mm_input_ws_bytes(int64_t tokens, int64_t H);
+/* x [M, H] (H % 8 == 0, M < 256) rounded to act as cu_moe_round16 rounds it (x16, and xa as
+ * floats unless NULL) and at once staged for k_mm into img (cu_mm_stage_bytes(M, H) bytes):
+ * row t at word t * W (W = cu_mm_stage_words(round_up(H, 32))) in k_mm's word order, columns
+ * from H to the row's end 0; FP16 inputs split exactly into BF16 hi (plane 0) and lo (plane 1,
+ * M * W words further), BF16 inputs as they are (plane 0). For calls with that M and x16 as
+ * input (cu_mm_call::xst = img, xst_plane = M * W). The first kernel of a block: launched
+ * without waiting; its dependents may launch at once and wait for it. */
+td_status cu_mm_round_stage(const float *x, float *xa, uint16_t *x16, int64_t M, int64_t H, int act, uint32_t *img,
+                            cudaStream_t s, td_err *err);
 
 #endif /* TD_CUDA_MOE_MMA_CUH */

@@ -43,6 +43,16 @@ int td_cuda_nvfp4_bf16_check(int broken, char *msg, size_t cap);
  * which must fail: the check's own test. */
 int td_cuda_round_split_check(int broken, char *msg, size_t cap);
 
+/* Check of cu_mm_round_stage (cuda/moe_mma.cuh) on the GPU: the inputs of the check above at 1
+ * to 255 tokens and 64 to 2,560 columns (padded to the staged row or not), FP16 and BF16,
+ * outputs poisoned: x16 and xa the host's RNE conversions, every word of the image's planes the
+ * input's BF16 hi / lo split (FP16) or its bits (BF16) at the word the staged-row formula gives,
+ * zeros past H, nothing past the image; then k_mm on a BF16 matrix with F32 outputs, once
+ * staging its rows itself and once copying them from the image (cu_mm_call::xst): the same
+ * bits, every output written and nothing past them. broken = 1 takes the formula with two of
+ * its roles swapped, broken = 2 gives k_mm an image 16 words off; both must fail. */
+int td_cuda_round_stage_check(int broken, char *msg, size_t cap);
+
 /* Check of cu_mm_group (grouped dispatch's arrays; cuda/moe_mma.cuh) on the GPU: seeded routes
  * of five patterns (distinct top-10 experts per token; few experts with repeats and ids outside
  * [0, E); all on one expert; descending experts; s mod 17), 1 to 10,240 slots, 8, 512 and

@@ -17,6 +17,11 @@
 #             at M = 4 (sass_M4.csv.gz)
 #   kernels   every kernel of one block call timed alone under ncu (M = 1, 4, 16), and the
 #             decode kernels' machine code with spill (STL/LDL) counts per kernel
+#   chain     the block's launches outside the routed experts (round, router and shared expert
+#             on k_mm, routing, combine) under ncu at M = 1 and 16, fp16 direct: throughput,
+#             launch, occupancy, memory and warp-state sections, and per-instruction stall
+#             samples of those kernels at M = 16 (sass_chain_M16.csv.gz) and of the routing
+#             kernel at M = 1, one sample per 32 cycles (sass_route_M1.csv.gz)
 #   probe     bench/gpu/mem_probe: the memory side's floor for the decode kernel's access
 #             pattern (bulk-copy rings and plain loads, no arithmetic) and where the hardware
 #             places the blocks of persistent grids; bench/gpu/mma_probe: wgmma against
@@ -40,6 +45,14 @@
 #             fp16 and bf16, prepared and raw, TP1 and the TP4 slice; then the A/B in one binary,
 #             three runs each, fp16 and bf16 direct and the TP4 slice, M = 1, 2, 4, 8, 16 (routed
 #             and block times)
+#   stage     the input staged once by the round for the router's and the shared W13's k_mm
+#             blocks at decode sizes (moe_decode --no-stage-img turns it off): first --check-stage
+#             (the block with it off and on, bit for bit, poisoned outputs, the router's logits
+#             and the shared expert's output included) for fp16 and bf16, direct and grouped, the
+#             TP4 slice; then the A/B in one binary, three runs each, fp16 and bf16 direct and the
+#             TP4 slice, M = 1, 2, 4, 8, 16
+#   sanitize_stage  memcheck and racecheck of the router's and the shared W13's k_mm blocks
+#             copying the staged input (hidden 320 and 2560, 1 to 200 tokens, FP16 and BF16)
 #   sanitize_narrow  memcheck and racecheck of the narrow blocks (W13 and W2 of direct
 #             dispatch at sizes where the rule takes them)
 #   ab        A/B of the bench against a baseline binary build/device/moe_decode_base (built
@@ -132,6 +145,19 @@ kernels)
     cuobjdump -sass $B/$bin | awk '/Function : /{name=$3; p = (name ~ /k_dec/)} p && /STL|LDL/{spill[name]++} p && /^ +\/\*[0-9a-f]+\*\//{n[name]++}
       END {for (k in n) printf "%-60s %6d instructions %4d STL/LDL\n", k, n[k], spill[k]}' | sort > "$out/logs/sass_dec_$bin.txt"
   done ;;
+chain)
+  for m in 1 16; do
+    t ncu_chain_M$m ncu --clock-control none --kernel-name regex:'k_mm|k_route|k_round|k_combine|k_w2c' --launch-count 8 \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+      $B/moe_decode --no-cublas --M $m --iters 1 --sets 1 --act fp16
+  done
+  ncu --clock-control none --kernel-name regex:'k_mm|k_route' --launch-count 4 --section SourceCounters --page source \
+    --print-source sass --csv $B/moe_decode --no-cublas --M 16 --iters 1 --sets 1 --act fp16 2>&1 \
+    | gzip > "$out/logs/sass_chain_M16.csv.gz"
+  # the routing kernel of one token, sampled every 32 cycles
+  ncu --clock-control none --kernel-name regex:'k_route' --launch-count 1 --section SourceCounters --sampling-interval 0 \
+    --page source --print-source sass --csv $B/moe_decode --no-cublas --M 1 --iters 1 --sets 1 --act fp16 2>&1 \
+    | gzip > "$out/logs/sass_route_M1.csv.gz" ;;
 probe)
   t mem_probe $B/mem_probe
   t mma_probe $B/mma_probe ;;
@@ -170,6 +196,17 @@ narrow)
     t $n $B/moe_decode --no-cublas --check-narrow --iters 3 --sets 2 --M 1,2,3,4,5,8,9,16,17,32 $cfg
   done
   abf abn wide narrow --no-dec-narrow ;;
+stage)
+  for cfg in "--act fp16" "--act bf16" "--act fp16 --dispatch grouped" "--act bf16 --storage raw --tp 4"; do
+    n=check_stage_$(echo $cfg | tr -d '-' | tr ' ' '_')
+    t $n $B/moe_decode --no-cublas --check-stage --iters 3 --sets 2 --M 1,2,3,4,5,8,9,16,17,32,200 $cfg
+  done
+  abf abs self staged --no-stage-img ;;
+sanitize_stage)
+  t memcheck_stage compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,9,16,200 --iters 2 --sets 1 --act fp16
+  t memcheck_stage_bf16 compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,16 --iters 2 --sets 1 --act bf16 --dispatch grouped
+  t racecheck_stage compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,17,200 --iters 2 --sets 1 --act fp16
+  t racecheck_stage_bf16 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,16 --iters 2 --sets 1 --act bf16 ;;
 sanitize_narrow)
   # the TP4 slice, where the rule takes them: W2 (160 row tiles of one chunk) at M = 2 and 16,
   # W13 (20 row tiles of 8 chunks) at M = 16; racecheck at hidden 640 / inter 160 (W13 20 row

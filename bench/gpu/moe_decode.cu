@@ -6,7 +6,7 @@
  *                   [--kernels fast|generic] [--prio main|shared|off]
  *                   [--M 1,2,4,8,16,784] [--iters 200] [--sets 16] [--dense 8] [--seed 1] [--big V]
  *                   [--cublas LIB] [--no-cublas] [--no-presplit] [--separate-combine] [--no-dec-narrow]
- *                   [--check-narrow] [--db PATH] [--json]
+ *                   [--no-stage-img] [--check-narrow] [--check-stage] [--db PATH] [--json]
  *
  * Weights are synthetic (seeded hash of the index; E4M3 codes 0x38..0x5f, globals 2^-7) in the
  * engine's device layout for one TP rank: every expert's W13 and W2 NVFP4 matrices, a BF16
@@ -48,8 +48,13 @@
  * blocks (cu_block_shape::dec_narrow off; the engine, like the bench by default, lets them run
  * on the narrow blocks of 4 warps, 7 per SM, where td_dec_narrow_pays takes them), for an A/B
  * in one binary; the variant gets " +no-dec-narrow". --check-narrow: before timing each M, the
- * block of route set 0
- * with the narrow blocks off and on, outputs and intermediates poisoned: bit-identical or exit 1.
+ * block of route set 0 with the narrow blocks off and on, outputs and intermediates poisoned:
+ * bit-identical or exit 1.
+ * --no-stage-img: at decode sizes the router's and the shared W13's k_mm blocks stage the
+ * block's input themselves (cu_block_shape::stage_img off; the engine, like the bench by
+ * default, has the round stage it once: cu_mm_round_stage), for an A/B in one binary; the
+ * variant gets " +no-stage-img". --check-stage: as --check-narrow, with the staged input off and
+ * on (the router's logits and the shared expert's output compared too).
  * --prio: the block's main stream (router, routing, routed experts, combine) or its
  * shared-expert stream created at the device's greatest priority, the other at its least, and
  * every graph instantiated with cudaGraphInstantiateFlagUseNodePriority (kernel nodes take
@@ -231,6 +236,7 @@ typedef struct opts {
     int64_t H, E, I, k, Is, tp;
     int act;            /* 1 fp16, 2 bf16 */
     bool raw, grouped, json, no_cublas, generic, no_presplit, separate_combine, dec_narrow, check_narrow;
+    bool stage_img, check_stage;
     int prio;           /* 0 off, 1 main stream high, 2 shared-expert stream high */
     std::vector<int64_t> Ms;
     int iters, sets, dense;
@@ -246,7 +252,7 @@ static void usage(void)
                     "                  [--kernels fast|generic] [--prio main|shared|off]\n"
                     "                  [--M 1,2,4,8,16,784] [--iters N] [--sets N] [--dense N] [--seed N] [--big V]\n"
                     "                  [--cublas LIB] [--db PATH] [--json] [--no-cublas] [--no-presplit] [--separate-combine]\n"
-                    "                  [--no-dec-narrow] [--check-narrow]\n");
+                    "                  [--no-dec-narrow] [--no-stage-img] [--check-narrow] [--check-stage]\n");
     exit(2);
 }
 
@@ -269,6 +275,8 @@ static void parse(int argc, char **argv, opts *o)
     o->separate_combine = false;
     o->dec_narrow = true;
     o->check_narrow = false;
+    o->stage_img = true;
+    o->check_stage = false;
     o->prio = 0;
     o->Ms = {1, 2, 4, 8, 16, 784};
     o->iters = 200, o->sets = 16, o->dense = 8, o->seed = 1, o->big = 0, o->cublas = NULL, o->db = NULL;
@@ -282,6 +290,8 @@ static void parse(int argc, char **argv, opts *o)
             {"--separate-combine", &o->separate_combine, true},
             {"--no-dec-narrow", &o->dec_narrow, false},
             {"--check-narrow", &o->check_narrow, true},
+            {"--no-stage-img", &o->stage_img, false},
+            {"--check-stage", &o->check_stage, true},
         };
         bool is_flag = false;
         for (const auto &f : flags)
@@ -337,58 +347,74 @@ static void parse(int argc, char **argv, opts *o)
     }
 }
 
-/* ---- --check-narrow --------------------------------------------------------------------------- */
+/* ---- --check-narrow, --check-stage ----------------------------------------------------------- */
 
-/* The block of route set 0 run twice, with the routed experts' narrow decode-kernel blocks off
- * and on (cu_block_shape::dec_narrow), every output and intermediate poisoned before each run
- * (all-ones bit patterns: NaN in FP16, BF16 and FP32): the W13 intermediates [M k, il], the
- * expert outputs [M k, H] and the block output [M, H] must be bit-identical, and neither run may
- * leave a poisoned element. Exits 1 naming the first difference. */
+/* One switch of the block that must change no bit (a member of cu_block_shape), its option and
+ * the names of its two sides. */
+typedef bool cu_block_shape::*shape_flag;
+struct flag_check {
+    shape_flag flag;
+    const char *option, *off, *on;
+};
+
+/* The block of route set 0 run twice, with the switch off and on, every output and intermediate
+ * poisoned before each run (all-ones bit patterns: NaN in FP16, BF16 and FP32): the router's
+ * logits and shared gate [M, E + 1], the shared expert's output [M, H], the W13 intermediates
+ * [M k, il], the expert outputs [M k, H] and the block output [M, H] must be bit-identical, and
+ * neither run may leave a poisoned element. Exits 1 naming the first difference. */
 template <typename F>
-static void narrow_check(int64_t M, int64_t k, int64_t il, int64_t H, cu_block_shape &shape, const cu_block_ws &ws,
-                         F run)
+static void switch_check(const flag_check &fc, int64_t M, int64_t k, int64_t il, int64_t H, int64_t E,
+                         cu_block_shape &shape, const cu_block_ws &ws, F run)
 {
     const size_t na = (size_t)(M * k * il), ne = (size_t)(M * k * H), no = (size_t)(M * H);
-    std::vector<uint16_t> a[2], e[2];
-    std::vector<uint32_t> out[2];
-    const bool keep = shape.dec_narrow;
+    const size_t nl = (size_t)(M * ws.lg_ld);
+    std::vector<uint16_t> a[2], e[2], sh[2];
+    std::vector<uint32_t> out[2], lg[2];
+    const bool keep = shape.*fc.flag;
     for (int v = 0; v < 2; v++) {
         BENCH_CK(cudaMemset(ws.act16, 0xff, na * 2));
         BENCH_CK(cudaMemset(ws.eout16, 0xff, ne * 2));
         BENCH_CK(cudaMemset(ws.out, 0xff, no * 4));
+        BENCH_CK(cudaMemset(ws.logits, 0xff, nl * 4));
+        BENCH_CK(cudaMemset(ws.sh_out16, 0xff, no * 2));
         BENCH_CK(cudaDeviceSynchronize());
-        shape.dec_narrow = v == 1;
+        shape.*fc.flag = v == 1;
         run();
         BENCH_CK(cudaDeviceSynchronize()); /* both streams */
         a[v].resize(na);
         e[v].resize(ne);
         out[v].resize(no);
+        lg[v].resize(nl);
+        sh[v].resize(no);
         BENCH_CK(cudaMemcpy(a[v].data(), ws.act16, na * 2, cudaMemcpyDeviceToHost));
         BENCH_CK(cudaMemcpy(e[v].data(), ws.eout16, ne * 2, cudaMemcpyDeviceToHost));
         BENCH_CK(cudaMemcpy(out[v].data(), ws.out, no * 4, cudaMemcpyDeviceToHost));
+        BENCH_CK(cudaMemcpy(lg[v].data(), ws.logits, nl * 4, cudaMemcpyDeviceToHost));
+        BENCH_CK(cudaMemcpy(sh[v].data(), ws.sh_out16, no * 2, cudaMemcpyDeviceToHost));
     }
-    shape.dec_narrow = keep;
-    struct { const char *name; const void *p0, *p1; size_t n, size; } parts[] = {
-        {"W13 intermediate", a[0].data(), a[1].data(), na, 2},
-        {"expert output", e[0].data(), e[1].data(), ne, 2},
-        {"block output", out[0].data(), out[1].data(), no, 4},
+    shape.*fc.flag = keep;
+    struct { const char *name; const void *p0, *p1; size_t n, size, ld, cols; } parts[] = {
+        {"router logits", lg[0].data(), lg[1].data(), nl, 4, (size_t)ws.lg_ld, (size_t)E + 1},
+        {"shared expert output", sh[0].data(), sh[1].data(), no, 2, 1, 1},
+        {"W13 intermediate", a[0].data(), a[1].data(), na, 2, 1, 1},
+        {"expert output", e[0].data(), e[1].data(), ne, 2, 1, 1},
+        {"block output", out[0].data(), out[1].data(), no, 4, 1, 1},
     };
     for (const auto &p : parts)
         for (size_t i = 0; i < p.n; i++) {
+            if (i % p.ld >= p.cols) continue; /* a row's padding */
             uint32_t x0 = 0, x1 = 0;
             memcpy(&x0, (const char *)p.p0 + i * p.size, p.size);
             memcpy(&x1, (const char *)p.p1 + i * p.size, p.size);
             const uint32_t poison = p.size == 2 ? 0xffffu : 0xffffffffu;
             if (x0 != x1 || x0 == poison) {
-                fprintf(stderr,
-                        "moe_decode: --check-narrow M=%lld: %s [%zu] = 0x%x with the 8-warp blocks, 0x%x with the "
-                        "narrow ones%s\n",
-                        (long long)M, p.name, i, x0, x1, x0 == poison ? " (never written)" : "");
+                fprintf(stderr, "moe_decode: %s M=%lld: %s [%zu] = 0x%x with %s, 0x%x with %s%s\n", fc.option,
+                        (long long)M, p.name, i, x0, fc.off, x1, fc.on, x0 == poison ? " (never written)" : "");
                 exit(1);
             }
         }
-    fprintf(stderr, "moe_decode: --check-narrow M=%lld: identical (%zu + %zu + %zu values)\n", (long long)M, na, ne,
-            no);
+    fprintf(stderr, "moe_decode: %s M=%lld: identical (%zu + %zu + %zu + %zu + %zu values)\n", fc.option, (long long)M,
+            nl, no, na, ne, no);
 }
 
 /* ---- main ------------------------------------------------------------------------------------- */
@@ -528,6 +554,7 @@ int main(int argc, char **argv)
     shape.generic = o.generic;
     shape.separate_combine = o.separate_combine;
     shape.dec_narrow = o.dec_narrow;
+    shape.stage_img = o.stage_img;
 
     /* ---- workspace ---- */
     const int64_t C = Mmax, S = C * k;
@@ -556,7 +583,7 @@ int main(int argc, char **argv)
     BENCH_CK(cudaMalloc(&ws.g_count, (size_t)G * 4));
     BENCH_CK(cudaMalloc(&ws.perm, (size_t)S * 4));
     if (!o.no_presplit) {
-        BENCH_CK(cudaMalloc(&ws.sp_x, (size_t)cu_mm_split_bytes(C, H)));
+        BENCH_CK(cudaMalloc(&ws.sp_x, (size_t)cu_mm_input_ws_bytes(C, H)));
         BENCH_CK(cudaMalloc(&ws.sp_sh, (size_t)cu_mm_split_bytes(C, isl > H ? isl : H)));
     }
     ws.s = s;
@@ -712,7 +739,10 @@ int main(int argc, char **argv)
                      err);
             }
         };
-        if (o.check_narrow) narrow_check(M, k, il, H, shape, ws, [&](void) { enqueue(0, 0); });
+        const flag_check narrow = {&cu_block_shape::dec_narrow, "--check-narrow", "the 8-warp blocks", "the narrow ones"};
+        const flag_check staged = {&cu_block_shape::stage_img, "--check-stage", "the blocks staging", "the staged image"};
+        if (o.check_narrow) switch_check(narrow, M, k, il, H, E, shape, ws, [&](void) { enqueue(0, 0); });
+        if (o.check_stage) switch_check(staged, M, k, il, H, E, shape, ws, [&](void) { enqueue(0, 0); });
         for (int si = 0; si < o.sets; si++) {
             std::vector<char> seen((size_t)E, 0);
             for (int64_t sl = 0; sl < M * k; sl++)
@@ -769,11 +799,11 @@ int main(int argc, char **argv)
     }
 
     const char *act_name = o.act == 1 ? "fp16" : "bf16";
-    char variant[128];
-    snprintf(variant, sizeof variant, "cuda:act_dtype=%s,storage=%s,moe_dispatch=%s,tp_size=%lld%s%s%s", act_name,
+    char variant[192];
+    snprintf(variant, sizeof variant, "cuda:act_dtype=%s,storage=%s,moe_dispatch=%s,tp_size=%lld%s%s%s%s", act_name,
              o.raw ? "raw" : "prepared", o.grouped ? "grouped" : "direct", (long long)o.tp,
              o.generic ? ",kernels=generic" : "", o.separate_combine ? " +separate-combine" : "",
-             o.dec_narrow ? "" : " +no-dec-narrow");
+             o.dec_narrow ? "" : " +no-dec-narrow", o.stage_img ? "" : " +no-stage-img");
     if (o.json) {
         printf("{\"gpu\": \"%s\", \"copy_bw_GBps\": %.1f, \"variant\": \"%s\", \"hidden\": %lld, \"experts\": %lld, "
                "\"inter_per_rank\": %lld, \"topk\": %lld, \"rows\": [",

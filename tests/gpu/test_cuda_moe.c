@@ -34,7 +34,9 @@
  *   fp16/bf16, prepared/raw, direct/grouped, graphs, TP slices, on a shape where every routed
  *   projection takes it, and against ref; with BF16 inputs of 7e4 to 3e5 in some groups;
  * - the block's input rounded and laid out for k_wgp in one launch (cu_mm_round_split) against
- *   the host's conversions and the layout's formula, with edge values and canaries;
+ *   the host's conversions and the layout's formula, with edge values and canaries; and staged
+ *   for k_mm's decode-sized calls (cu_mm_round_stage), against the staged row's formula and k_mm
+ *   from that image against k_mm staging its rows itself, bit for bit;
  * - the grouping kernels' arrays (cu_mm_group) against a host counting sort, outputs poisoned;
  * - prefill-sized calls (the BF16 router and shared expert on k_wgp, its inputs laid out by the
  *   round, FP16 split into hi and lo, BF16 as they are; the NVFP4 projections
@@ -1011,6 +1013,20 @@ static void cuda_round_split(void **state)
     gpu_check(td_cuda_round_split_check, "round + k_wgp layout", "expected");
 }
 
+/* The block's input rounded and staged for k_mm's decode-sized calls in one launch
+ * (cu_mm_round_stage), on the GPU, against the host's conversions and the staged row's formula,
+ * and k_mm from that image against k_mm staging its rows itself, bit for bit; a reference with
+ * the formula's roles swapped and an image 16 words off must both fail. */
+static void cuda_round_stage(void **state)
+{
+    (void)state;
+    gpu_check(td_cuda_round_stage_check, "round + k_mm staged rows", "expected");
+    char msg[320];
+    assert_int_equal(td_cuda_round_stage_check(2, msg, sizeof msg), 1);
+    print_message("  an image k_mm reads off by 16 words is caught: %s\n", msg);
+    assert_non_null(strstr(msg, "from the image"));
+}
+
 /* cu_mm_group's arrays (both grouping kernels) against a host counting sort, element for
  * element with the outputs poisoned, over five route patterns, 1 to 10,240 slots and 8 to
  * 3,000 experts (cuda/nvfp4_layout.h); a reference with each expert's slots reversed must
@@ -1072,6 +1088,7 @@ int main(void)
         cmocka_unit_test(cuda_nvfp4_layout),
         cmocka_unit_test(cuda_nvfp4_bf16_decode),
         cmocka_unit_test(cuda_round_split),
+        cmocka_unit_test(cuda_round_stage),
         cmocka_unit_test(cuda_group_arrays),
         cmocka_unit_test(cuda_rejects),
         cmocka_unit_test(cuda_vs_ref_modelopt),
