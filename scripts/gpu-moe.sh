@@ -155,7 +155,7 @@ chain)
     --print-source sass --csv $B/moe_decode --no-cublas --M 16 --iters 1 --sets 1 --act fp16 2>&1 \
     | gzip > "$out/logs/sass_chain_M16.csv.gz"
   # the routing kernel of one token, sampled every 32 cycles
-  ncu --clock-control none --kernel-name regex:'k_route' --launch-count 1 --section SourceCounters --sampling-interval 0 \
+  ncu --clock-control none --kernel-name regex:'k_route' --launch-count 1 --section SourceCounters --warp-sampling-interval 0 \
     --page source --print-source sass --csv $B/moe_decode --no-cublas --M 1 --iters 1 --sets 1 --act fp16 2>&1 \
     | gzip > "$out/logs/sass_route_M1.csv.gz" ;;
 probe)
