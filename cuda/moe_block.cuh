@@ -5,7 +5,9 @@
  * The sequence (on ws->s; the shared expert on ws->s2 between a fork after the round and a
  * join before the combine, or before W2 where W2 takes the combine, so it overlaps the router,
  * the routing and the routed experts):
- *   round x to act (plus the 16-bit copy on the tensor-core path)
+ *   round x to act (plus the 16-bit copy on the tensor-core path; at decode sizes, with
+ *     sh->stage_img and ws->sp_x, also the rows staged for the router's and the shared W13's
+ *     k_mm blocks, cu_mm_round_stage)
  *   router logits and the shared-gate dot (one BF16 matrix of E + 1 rows on the tensor-core
  *     path; CUDA-core dot products otherwise) into logits [M, lg_ld] (gate at column E)
  *   routing (unless routes are imposed), grouping (moe_dispatch=grouped)
