@@ -739,26 +739,29 @@ __device__ __forceinline__ void mm_epilogue(const cu_mm_call &c, int64_t rt, int
         }
         return;
     }
-    for (int nt = 0; nt < nmax; nt++) {
-        if (nt >= ntn) break;
+    /* the STORE instantiation (the decode kernel's W2) returned above for every call */
+    if constexpr (EPI != CU_MM_STORE) {
+        for (int nt = 0; nt < nmax; nt++) {
+            if (nt >= ntn) break;
 #pragma unroll
-        for (int t = 0; t < 2; t++) {
-            const int j = nt * 8 + 2 * q + t;
-            if (j >= count) continue;
-            const int64_t slot = plist ? plist[j] : slot0 + j;
-            if (epi == CU_MM_SWIGLU) {
-                const int64_t col = rt * 8 + g;
-                if (col >= c.out_n) continue;
-                const float h = swiglu_h<ACT>(v[nt][t], v[nt][2 + t]);
-                if (c.out) c.out[slot * c.out_ld + col] = h;
-                if (c.out16) store16(c.out16 + slot * c.out_ld + col, h, ACT);
-            } else {
-                for (int hh = 0; hh < 2; hh++) {
-                    const int64_t r = rt * 16 + g + 8 * hh;
-                    if (r >= c.out_n) continue;
-                    const float x = epi == CU_MM_F32 ? v[nt][2 * hh + t] : cu_round_act(v[nt][2 * hh + t], ACT);
-                    if (c.out) c.out[slot * c.out_ld + r] = x;
-                    if (c.out16) store16(c.out16 + slot * c.out_ld + r, x, ACT);
+            for (int t = 0; t < 2; t++) {
+                const int j = nt * 8 + 2 * q + t;
+                if (j >= count) continue;
+                const int64_t slot = plist ? plist[j] : slot0 + j;
+                if (epi == CU_MM_SWIGLU) {
+                    const int64_t col = rt * 8 + g;
+                    if (col >= c.out_n) continue;
+                    const float h = swiglu_h<ACT>(v[nt][t], v[nt][2 + t]);
+                    if (c.out) c.out[slot * c.out_ld + col] = h;
+                    if (c.out16) store16(c.out16 + slot * c.out_ld + col, h, ACT);
+                } else {
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int64_t r = rt * 16 + g + 8 * hh;
+                        if (r >= c.out_n) continue;
+                        const float x = epi == CU_MM_F32 ? v[nt][2 * hh + t] : cu_round_act(v[nt][2 * hh + t], ACT);
+                        if (c.out) c.out[slot * c.out_ld + r] = x;
+                        if (c.out16) store16(c.out16 + slot * c.out_ld + r, x, ACT);
+                    }
                 }
             }
         }
