@@ -256,7 +256,7 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
     if (x_nst == 0 && sh->stage_img && mm_act && c->sp_x && !sh->generic && Mc < 256 && H % 8 == 0 &&
         (router_mm || (shared && ly->sh_mm))) {
         xst = reinterpret_cast<uint32_t *>(c->sp_x);
-        xst_plane = Mc * cu_mm_stage_words((H + 31) / 32 * 32);
+        xst_plane = cu_mm_stage_plane(Mc, H);
         rm.xst = xst;
         rm.xst_plane = xst_plane;
     }

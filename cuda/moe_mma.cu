@@ -1140,6 +1140,32 @@ __global__ void __launch_bounds__(256) k_wsplit(const uint16_t *in, int64_t ld, 
     wp_put<ACT>(d, q);
 }
 
+/* Columns c0 .. c0 + 7 of row t of x [*, H] rounded to act as k_round16 rounds them: their 16-bit
+ * patterns stored to x16 (and the rounded floats to xa unless NULL) and returned as one 16-byte
+ * piece (k_round_split and k_round_stage, which then lay the piece out). */
+template <int ACT>
+__device__ __forceinline__ uint4 round_piece(const float *x, float *xa, uint16_t *x16, int64_t t, int64_t H, int64_t c0)
+{
+    const float4 *src = reinterpret_cast<const float4 *>(x + t * H + c0);
+    const float4 f0 = src[0], f1 = src[1];
+    const float f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
+    uint32_t b[8];
+    float r[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        b[j] = bits16(f[j], ACT);
+        r[j] = cu_round_act(f[j], ACT);
+    }
+    const uint4 q = make_uint4(b[0] | b[1] << 16, b[2] | b[3] << 16, b[4] | b[5] << 16, b[6] | b[7] << 16);
+    *reinterpret_cast<uint4 *>(x16 + t * H + c0) = q;
+    if (xa) {
+        float4 *dst = reinterpret_cast<float4 *>(xa + t * H + c0);
+        dst[0] = make_float4(r[0], r[1], r[2], r[3]);
+        dst[1] = make_float4(r[4], r[5], r[6], r[7]);
+    }
+    return q;
+}
+
 /* k_round_split: the block's input x [M, H] rounded to act as k_round16 rounds it (x16, and xa
  * as floats unless NULL) and at once laid out as k_wsplit lays out x16 (one thread per piece
  * of the layout; H % 8 == 0), so that the router and the shared W13 need no k_wsplit. The
@@ -1154,25 +1180,7 @@ __global__ void __launch_bounds__(256) k_round_split(const float *x, float *xa, 
     int64_t t, c0;
     uint8_t *d = wp_piece<ACT>(i, nst, out, t, c0);
     uint4 q = make_uint4(0u, 0u, 0u, 0u);
-    if (t < M && c0 < H) {
-        const float4 *src = reinterpret_cast<const float4 *>(x + t * H + c0);
-        const float4 f0 = src[0], f1 = src[1];
-        const float f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
-        uint32_t b[8];
-        float r[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            b[j] = bits16(f[j], ACT);
-            r[j] = cu_round_act(f[j], ACT);
-        }
-        q = make_uint4(b[0] | b[1] << 16, b[2] | b[3] << 16, b[4] | b[5] << 16, b[6] | b[7] << 16);
-        *reinterpret_cast<uint4 *>(x16 + t * H + c0) = q;
-        if (xa) {
-            float4 *dst = reinterpret_cast<float4 *>(xa + t * H + c0);
-            dst[0] = make_float4(r[0], r[1], r[2], r[3]);
-            dst[1] = make_float4(r[4], r[5], r[6], r[7]);
-        }
-    }
+    if (t < M && c0 < H) q = round_piece<ACT>(x, xa, x16, t, H, c0);
     wp_put<ACT>(d, q);
 }
 
@@ -1192,25 +1200,7 @@ __global__ void __launch_bounds__(256) k_round_stage(const float *x, float *xa, 
     const int v = (int)(i - t * (W / 4));
     const int64_t c0 = (int64_t)v * 8;
     uint4 q = make_uint4(0u, 0u, 0u, 0u);
-    if (c0 < H) {
-        const float4 *src = reinterpret_cast<const float4 *>(x + t * H + c0);
-        const float4 f0 = src[0], f1 = src[1];
-        const float f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
-        uint32_t b[8];
-        float r[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            b[j] = bits16(f[j], ACT);
-            r[j] = cu_round_act(f[j], ACT);
-        }
-        q = make_uint4(b[0] | b[1] << 16, b[2] | b[3] << 16, b[4] | b[5] << 16, b[6] | b[7] << 16);
-        *reinterpret_cast<uint4 *>(x16 + t * H + c0) = q;
-        if (xa) {
-            float4 *dst = reinterpret_cast<float4 *>(xa + t * H + c0);
-            dst[0] = make_float4(r[0], r[1], r[2], r[3]);
-            dst[1] = make_float4(r[4], r[5], r[6], r[7]);
-        }
-    }
+    if (c0 < H) q = round_piece<ACT>(x, xa, x16, t, H, c0);
     store_x4<ACT == 1>(q, img + t * W + xs_word(v, 0), (int)(M * W));
 }
 
@@ -2609,7 +2599,9 @@ int64_t cu_mm_split_bytes(int64_t tokens, int64_t K)
 
 int64_t cu_mm_stage_words(int64_t K) { return xs_words(K / 32); }
 
-int64_t cu_mm_stage_bytes(int64_t tokens, int64_t H) { return 2 * tokens * cu_mm_stage_words(round_up(H, 32)) * 4; }
+int64_t cu_mm_stage_plane(int64_t M, int64_t H) { return M * cu_mm_stage_words(round_up(H, 32)); }
+
+int64_t cu_mm_stage_bytes(int64_t tokens, int64_t H) { return 2 * cu_mm_stage_plane(tokens, H) * 4; }
 
 int64_t cu_mm_input_ws_bytes(int64_t tokens, int64_t H)
 {
@@ -2849,6 +2841,19 @@ static int round_outputs_check(const float *hx, const uint16_t *h16, const float
     return 0;
 }
 
+/* What the laid-out planes hold for the 16-bit input v: FP16 (act 1) its exact BF16 split, hi in
+ * want[0] and lo in want[1]; BF16 (act 2) v itself in want[0] (want[1] 0, no second plane). */
+static void planes_of(uint16_t v, int act, uint16_t want[2])
+{
+    want[0] = v;
+    want[1] = 0;
+    if (act == 1) {
+        const float f = td_f16_to_f32(v);
+        want[0] = td_f32_to_bf16(f);
+        want[1] = td_f32_to_bf16(f - td_bf16_to_f32(want[0]));
+    }
+}
+
 /* One case: M x H inputs, nst stages, act; returns 0, 1 (mismatch, msg), -1 (CUDA error). */
 static int round_split_case(int64_t M, int64_t H, int nst, int act, uint64_t seed, int broken, char *msg, size_t cap)
 {
@@ -2892,12 +2897,8 @@ static int round_split_case(int64_t M, int64_t H, int nst, int act, uint64_t see
             for (int64_t c = 0; c < (int64_t)nst * 64; c++) {
                 const uint16_t v = t < M && c < H ? (act == 1 ? td_f32_to_f16(hx[t * H + c]) : td_f32_to_bf16(hx[t * H + c]))
                                                   : (uint16_t)0;
-                uint16_t want[2] = {v, 0};
-                if (act == 1) {
-                    const float f = td_f16_to_f32(v);
-                    want[0] = td_f32_to_bf16(f);
-                    want[1] = td_f32_to_bf16(f - td_bf16_to_f32(want[0]));
-                }
+                uint16_t want[2];
+                planes_of(v, act, want);
                 for (int pl = 0; pl < planes; pl++) {
                     const size_t off = split_offset(t, c, nst, planes, pl, broken);
                     uint16_t got;
@@ -3036,12 +3037,8 @@ static int round_stage_case(int64_t M, int64_t H, int act, uint64_t seed, int br
             for (int64_t c = 0; c < 2 * W; c++) { /* every word of the row: W words, 2 columns each */
                 const uint16_t v = c < H ? (act == 1 ? td_f32_to_f16(hx[t * H + c]) : td_f32_to_bf16(hx[t * H + c]))
                                          : (uint16_t)0;
-                uint16_t want[2] = {v, 0};
-                if (act == 1) {
-                    const float f = td_f16_to_f32(v);
-                    want[0] = td_f32_to_bf16(f);
-                    want[1] = td_f32_to_bf16(f - td_bf16_to_f32(want[0]));
-                }
+                uint16_t want[2];
+                planes_of(v, act, want);
                 for (int pl = 0; pl < planes; pl++) {
                     const size_t off = (size_t)(((pl * M + t) * W + stage_word_of(c, broken == 1)) * 4 + (c & 1) * 2);
                     uint16_t got;

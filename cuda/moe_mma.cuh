@@ -275,6 +275,9 @@ td_status cu_mm_round_split(const float *x, float *xa, uint16_t *x16, int64_t M,
  * first only). */
 int64_t cu_mm_stage_words(int64_t K);
 int64_t cu_mm_stage_bytes(int64_t tokens, int64_t H);
+/* Words from the hi plane to the lo plane of cu_mm_round_stage's image of M rows of H columns
+ * (cu_mm_call::xst_plane for calls that read it). */
+int64_t cu_mm_stage_plane(int64_t M, int64_t H);
 /* Bytes of a block workspace's sp_x (cu_block_ws) for up to `tokens` tokens of H columns: k_wgp's
  * layout at prefill sizes (cu_mm_split_bytes) or the staged image at decode sizes
  * (cu_mm_stage_bytes of at most 255 tokens), whichever is larger. */
