@@ -5,6 +5,7 @@
 #include "progress.h"
 #include "ref/moe.h"
 #include "rng.h"
+#include "routes.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -159,7 +160,14 @@ typedef struct slot {
 
 typedef struct audit {
     const td_layer_audit_opts *o;
-    char **tap_patterns;              /* [n_taps] "L*.suffix" */
+    char **tap_patterns;              /* [n_patterns] "L*.suffix": the taps asked for, then the
+                                       * routes' taps the audit needs itself (moe) */
+    size_t n_patterns;
+    td_taps *want;                    /* the taps asked for (compared); NULL when none */
+    float *ca, *cb;                   /* [cap_ca], [cap_cb]: the kept tokens' elements of a compared tensor */
+    size_t cap_ca, cap_cb;
+    uint8_t *mask;                    /* [cap_m] per token: TD_ROUTE_FLIP | TD_ROUTE_ORDER */
+    size_t cap_m;
     slot *slots;
     size_t n_slots, cap_slots;
     td_layer_check *checks;
@@ -239,7 +247,7 @@ static td_status slot_get(audit *A, const td_variant *v, const char *label, size
     td_status st = td_engine_load(A->o->model, v, &s->e, err);
     if (st) return td_err_prefix(err, "variant '%s': ", s->label);
     for (int r = 0; r < 2 && !st; r++)
-        st = td_taps_new((const char *const *)A->tap_patterns, A->o->n_taps, &s->taps[r], err);
+        st = td_taps_new((const char *const *)A->tap_patterns, A->n_patterns, &s->taps[r], err);
     if (st) {
         td_taps_free(s->taps[0]);
         td_engine_free(s->e);
@@ -265,8 +273,12 @@ static void audit_free(audit *A)
     }
     free(A->slots);
     if (A->tap_patterns)
-        for (size_t i = 0; i < A->o->n_taps; i++) free(A->tap_patterns[i]);
+        for (size_t i = 0; i < A->n_patterns; i++) free(A->tap_patterns[i]);
     free(A->tap_patterns);
+    td_taps_free(A->want);
+    free(A->ca);
+    free(A->cb);
+    free(A->mask);
     free(A->checks);
     free(A->x);
     free(A->ids);
@@ -382,6 +394,7 @@ static td_layer_check *new_check(audit *A, td_err *err)
     memset(c, 0, sizeof *c);
     c->pair = -1;
     c->bound = (double)NAN;
+    c->rel_l2_all = (double)NAN;
     return c;
 }
 
@@ -390,10 +403,32 @@ static td_dtype compare_dtype(const td_variant *a, const td_variant *b)
     return a->act_dtype == b->act_dtype ? td_act_dtype_tensor(a->act_dtype) : TD_F32;
 }
 
-/* Compare one tensor of two runs and append the check. */
+/* Tap suffixes whose rows are the tokens' and depend on the routes, and the route differences
+ * that change them: the block output sums the token's experts (another set changes it, another
+ * order only reorders the sum); the per-slot taps hold slot j's expert (any difference). */
+static uint8_t route_bits(const char *name)
+{
+    const char *suffix = name[0] == 'L' && strchr(name, '.') ? strchr(name, '.') + 1 : name;
+    if (!strcmp(suffix, "moe.out")) return TD_ROUTE_FLIP;
+    if (!strcmp(suffix, "moe.topk_weights") || !strcmp(suffix, "moe.expert_act") || !strcmp(suffix, "moe.expert_out"))
+        return TD_ROUTE_FLIP | TD_ROUTE_ORDER;
+    return 0;
+}
+
+/* The routes of a bounded pair, when they differ on some tokens and both sides' top-k follow
+ * their logits: route-dependent tensors are judged on the other tokens (docs/audit-layer.md,
+ * "Routes that differ"). */
+typedef struct route_keep {
+    const uint8_t *mask; /* [M]; NULL: judge every token */
+    int64_t M;
+    const char *routes_tap;
+} route_keep;
+
+/* Compare one tensor of two runs and append the check; with keep, a route-dependent float tensor
+ * whose rows are the M tokens' is judged on the tokens whose routes agree. */
 static td_status add_compare(audit *A, const char *kind, int pair, const char *la, const char *lb, const char *tap,
                              td_dtype dt, bool is_int, const void *a, const void *b, int64_t na, int64_t nb,
-                             td_expect expect, double bound, td_err *err)
+                             td_expect expect, double bound, const route_keep *keep, td_err *err)
 {
     td_layer_check *c = new_check(A, err);
     if (!c) return TD_ERR_NOMEM;
@@ -417,6 +452,46 @@ static td_status add_compare(audit *A, const char *kind, int pair, const char *l
     else td_metrics_f32(a, b, na, dt, &c->m);
     c->judged = !(is_int && expect == TD_EXPECT_BOUNDED);
     c->pass = c->judged ? td_metrics_pass(&c->m, expect, c->bound) : true;
+    const uint8_t bits = keep && keep->mask && !is_int ? route_bits(tap) : 0;
+    if (!bits || keep->M < 1 || na % keep->M) return TD_OK;
+    const int64_t M = keep->M, per = na / M;
+    int64_t kept = 0;
+    for (int64_t t = 0; t < M; t++) kept += !(keep->mask[t] & bits);
+    if (kept == M) return TD_OK;
+    c->tokens_excluded = M - kept;
+    c->rel_l2_all = c->m.rel_l2;
+    const double max_abs_all = c->m.max_abs;
+    if (!kept) {
+        c->pass = false;
+        snprintf(c->message, sizeof c->message,
+                 "every token routes differently (%s): nothing left to judge; all tokens: rel_l2 %.3e", keep->routes_tap,
+                 c->rel_l2_all);
+        return TD_OK;
+    }
+    if (!reserve((void **)&A->ca, &A->cap_ca, (size_t)(kept * per), sizeof(float)) ||
+        !reserve((void **)&A->cb, &A->cap_cb, (size_t)(kept * per), sizeof(float))) {
+        A->n_checks--;
+        return td_err_set(err, TD_ERR_NOMEM, "audit layer: out of memory");
+    }
+    const float *fa = a, *fb = b;
+    int64_t o = 0;
+    for (int64_t t = 0; t < M; t++) {
+        if (keep->mask[t] & bits) continue;
+        memcpy(A->ca + o, fa + t * per, (size_t)per * sizeof(float));
+        memcpy(A->cb + o, fb + t * per, (size_t)per * sizeof(float));
+        o += per;
+    }
+    td_metrics_f32(A->ca, A->cb, o, dt, &c->m);
+    if (c->m.first_diff >= 0) { /* back to the index in the whole tensor */
+        int64_t want = c->m.first_diff / per, t = 0;
+        for (;; t++)
+            if (!(keep->mask[t] & bits) && want-- == 0) break;
+        c->m.first_diff = t * per + c->m.first_diff % per;
+    }
+    c->pass = td_metrics_pass(&c->m, expect, c->bound);
+    snprintf(c->message, sizeof c->message,
+             "judged on %lld of %lld tokens: %lld route differently (%s); all tokens: rel_l2 %.3e, max |a-b| %.3e",
+             (long long)kept, (long long)M, (long long)(M - kept), keep->routes_tap, c->rel_l2_all, max_abs_all);
     return TD_OK;
 }
 
@@ -428,25 +503,143 @@ static void block_out_tap(char *name, size_t cap, int64_t layer, td_block b)
     td_tap_name(name, cap, layer, suffix);
 }
 
-/* Block output and every tap captured by both runs. */
+/* The taps of one run that the routes check reads, or NULL when the run lacks them (M tokens,
+ * E experts, top-k). */
+static void route_taps(const td_taps *t, int64_t layer, int64_t M, int64_t E, int64_t k, const int32_t **ids,
+                       const float **logits)
+{
+    char n1[TD_TAP_NAME_MAX], n2[TD_TAP_NAME_MAX];
+    td_tap_name(n1, sizeof n1, layer, "moe.topk");
+    td_tap_name(n2, sizeof n2, layer, "moe.router_logits");
+    const td_tap *x = td_taps_find(t, n1), *y = td_taps_find(t, n2);
+    *ids = x && x->dtype == TD_I32 && x->numel == M * k ? x->data : NULL;
+    *logits = y && y->dtype == TD_F32 && y->numel == M * E ? y->data : NULL;
+}
+
+static const char *side_fault(const td_route_side *s, char *buf, size_t cap)
+{
+    switch (s->why) {
+    case TD_ROUTE_BAD_ID:
+        snprintf(buf, cap, "token %lld: id %d is not an expert", (long long)s->token, (int)s->sel);
+        break;
+    case TD_ROUTE_DUP_ID:
+        snprintf(buf, cap, "token %lld: expert %d selected twice", (long long)s->token, (int)s->sel);
+        break;
+    case TD_ROUTE_NONFINITE:
+        snprintf(buf, cap, "token %lld: logit of expert %d is %g", (long long)s->token, (int)s->sel,
+                 (double)s->sel_logit);
+        break;
+    default:
+        snprintf(buf, cap, "token %lld: expert %d selected (logit %.7g) below expert %d (%.7g)", (long long)s->token,
+                 (int)s->sel, (double)s->sel_logit, (int)s->unsel, (double)s->unsel_logit);
+        break;
+    }
+    return buf;
+}
+
+/* The routes check of a bounded pair (L{l}.moe.routes): metrics as docs/audit-layer.md says;
+ * fills *keep when the route-dependent tensors are to be judged on the agreeing tokens. */
+static td_status add_routes(audit *A, int pair, const char *la, const char *lb, int64_t layer, int64_t M,
+                            const int32_t *ia, const float *lga, const int32_t *ib, const float *lgb, double bound,
+                            route_keep *keep, char *tap, size_t tap_cap, td_err *err)
+{
+    const int64_t E = A->model.num_experts, k = A->model.top_k;
+    if (!reserve((void **)&A->mask, &A->cap_m, (size_t)M, 1))
+        return td_err_set(err, TD_ERR_NOMEM, "audit layer: out of memory");
+    td_route_cmp r;
+    td_status st = td_route_compare(ia, lga, ib, lgb, M, E, k, A->mask, &r, err);
+    if (st) return st;
+    td_layer_check *c = new_check(A, err);
+    if (!c) return TD_ERR_NOMEM;
+    snprintf(c->kind, sizeof c->kind, "pair");
+    c->pair = pair;
+    snprintf(c->a, sizeof c->a, "%s", la);
+    snprintf(c->b, sizeof c->b, "%s", lb);
+    td_tap_name(tap, tap_cap, layer, "moe.routes");
+    snprintf(c->tap, sizeof c->tap, "%s", tap);
+    c->expect = TD_EXPECT_BOUNDED;
+    c->bound = bound;
+    td_metrics_f32(lga, lgb, M * E, TD_F32, &c->m); /* rel_l2, nmse, cosine, max_ulp, finite: the logits' */
+    const int64_t differ = r.flipped + r.reordered;
+    c->m.numel = M;
+    c->m.exact = differ == 0;
+    c->m.mismatches = differ;
+    c->m.first_diff = -1;
+    for (int64_t t = 0; t < M && c->m.first_diff < 0; t++)
+        if (A->mask[t]) c->m.first_diff = t;
+    c->m.first_a = c->m.first_b = (double)NAN;
+    c->m.max_abs = r.max_gap;
+    c->judged = true;
+    const bool follow = !r.side[0].unfollowed && !r.side[1].unfollowed;
+    const bool near = differ == 0 || (c->m.finite && c->m.rel_l2 <= bound);
+    c->pass = follow && near;
+    char f[160];
+    if (!follow) {
+        const int s = r.side[0].unfollowed ? 0 : 1;
+        snprintf(c->message, sizeof c->message, "%s's top-k does not follow its router logits on %lld of %lld tokens (%s)",
+                 s ? lb : la, (long long)r.side[s].unfollowed, (long long)M, side_fault(&r.side[s], f, sizeof f));
+    } else if (!near) {
+        snprintf(c->message, sizeof c->message,
+                 "%lld of %lld tokens route differently and the router logits differ beyond the bound (rel_l2 %.3e > "
+                 "%.0e): not near-ties",
+                 (long long)differ, (long long)M, c->m.rel_l2, bound);
+    } else if (r.flipped) {
+        snprintf(c->message, sizeof c->message,
+                 "%lld of %lld tokens route to other experts, %lld more in another order: near-ties (largest logit gap "
+                 "%.3e, token %lld: expert %d vs %d; logits rel_l2 %.3e); both sides' top-k follow their logits",
+                 (long long)r.flipped, (long long)M, (long long)r.reordered, r.max_gap, (long long)r.gap_token,
+                 (int)r.gap_a, (int)r.gap_b, c->m.rel_l2);
+    } else if (r.reordered) {
+        snprintf(c->message, sizeof c->message,
+                 "%lld of %lld tokens have the same experts in another order; both sides' top-k follow their logits",
+                 (long long)r.reordered, (long long)M);
+    }
+    keep->mask = c->pass && differ ? A->mask : NULL;
+    keep->M = M;
+    keep->routes_tap = tap;
+    return TD_OK;
+}
+
+/* Block output and every tap asked for that both runs captured. A bounded pair of a moe block
+ * with the engines' own routes (routes) also gets the routes check, and its route-dependent
+ * tensors are judged on the tokens whose routes agree when the routes check passes. */
 static td_status compare_runs(audit *A, const char *kind, int pair, const char *la, const char *lb, const slot *sa,
                               int ra, const slot *sb, int rb, int64_t layer, int64_t M, td_expect expect, double bound,
-                              td_err *err)
+                              bool routes, td_err *err)
 {
     const td_dtype dt = compare_dtype(&sa->v, &sb->v);
     char out_name[TD_TAP_NAME_MAX];
     block_out_tap(out_name, sizeof out_name, layer, A->o->block);
     const int64_t n = M * A->model.hidden;
-    td_status st = add_compare(A, kind, pair, la, lb, out_name, dt, false, sa->out[ra], sb->out[rb], n, n, expect,
-                               bound, err);
     const td_taps *ta = sa->taps[ra], *tb = sb->taps[rb];
+    route_keep keep = {NULL, M, ""};
+    char routes_tap[TD_TAP_NAME_MAX] = "";
+    const int32_t *ia = NULL, *ib = NULL;
+    const float *lga = NULL, *lgb = NULL;
+    const bool check_routes = routes && expect == TD_EXPECT_BOUNDED && A->o->block == TD_BLOCK_MOE;
+    if (check_routes) {
+        route_taps(ta, layer, M, A->model.num_experts, A->model.top_k, &ia, &lga);
+        route_taps(tb, layer, M, A->model.num_experts, A->model.top_k, &ib, &lgb);
+    }
+    const size_t at = A->n_checks;
+    td_status st = TD_OK;
+    if (ia && lga && ib && lgb)
+        st = add_routes(A, pair, la, lb, layer, M, ia, lga, ib, lgb, bound, &keep, routes_tap, sizeof routes_tap, err);
+    if (!st)
+        st = add_compare(A, kind, pair, la, lb, out_name, dt, false, sa->out[ra], sb->out[rb], n, n, expect, bound,
+                         &keep, err);
+    if (!st && A->n_checks == at + 2) { /* the block output first, then the routes */
+        td_layer_check t = A->checks[at];
+        A->checks[at] = A->checks[at + 1];
+        A->checks[at + 1] = t;
+    }
     for (size_t i = 0; i < td_taps_count(ta) && !st; i++) {
         const td_tap *x = td_taps_at(ta, i);
-        if (!strcmp(x->name, out_name)) continue;
+        if (!strcmp(x->name, out_name) || !A->want || !td_taps_wants(A->want, x->name)) continue;
         const td_tap *y = td_taps_find(tb, x->name);
         if (!y || x->dtype != y->dtype) continue;
-        st = add_compare(A, kind, pair, la, lb, x->name, x->dtype == TD_I32 ? TD_I32 : dt, x->dtype == TD_I32,
-                         x->data, y->data, x->numel, y->numel, expect, bound, err);
+        st = add_compare(A, kind, pair, la, lb, x->name, x->dtype == TD_I32 ? TD_I32 : dt, x->dtype == TD_I32, x->data,
+                         y->data, x->numel, y->numel, expect, bound, &keep, err);
     }
     return st;
 }
@@ -467,7 +660,7 @@ static td_status run_slot(audit *A, slot *s, int run, const td_block_call *base,
     /* poison: a block that does not write every output element is caught by the repeat */
     for (size_t i = 0; i < need; i++) s->out[run][i] = NAN;
     td_taps_reset(s->taps[run]);
-    td_engine_set_taps(s->e, A->o->n_taps ? s->taps[run] : NULL);
+    td_engine_set_taps(s->e, A->n_patterns ? s->taps[run] : NULL);
     td_block_call c = *base;
     c.output = s->out[run];
     return td_engine_run_block(s->e, &c, err);
@@ -518,6 +711,10 @@ static td_status group_add(td_layer_summary *s, const td_layer_row *row, const t
     else if (c->pass) g->passed++;
     else g->failed++;
     if (c->m.exact && strcmp(c->kind, "reject")) g->exact++;
+    if (c->tokens_excluded > 0) {
+        g->tokens_excluded += c->tokens_excluded;
+        g->checks_excluding++;
+    }
     double rl = isnan(c->m.rel_l2) ? HUGE_VAL : c->m.rel_l2;
     bool first_failure = c->judged && !c->pass && g->failed == 1;
     if (rl > g->worst_rel_l2 || first_failure) {
@@ -614,12 +811,12 @@ static td_status do_row(audit *A, int64_t layer, int64_t rank, int64_t M, double
         for (size_t i = 0; i < o->n_pairs && !st; i++) {
             const td_layer_pair *p = &o->pairs[i];
             st = compare_runs(A, "pair", (int)i, p->a_text, p->b_text, &A->slots[pa[i]], 0, &A->slots[pb[i]], 0, layer,
-                              M, p->expect, p->bound, err);
+                              M, p->expect, p->bound, route == TD_ROUTE_ROUTER, err);
         }
         for (size_t d = 0; d < n_distinct && !st; d++) {
             slot *s = &A->slots[distinct[d]];
             st = compare_runs(A, "repeat", -1, s->label, s->label, s, 0, s, 1, layer, M, TD_EXPECT_EXACT, (double)NAN,
-                              err);
+                              false, err);
         }
         if (st) return st;
     }
@@ -698,18 +895,28 @@ td_status td_layer_audit_run(const td_layer_audit_opts *o, const td_layer_sink *
     memset(&A, 0, sizeof A);
     A.o = o;
     td_status st = TD_OK;
-    if (o->n_taps) {
-        A.tap_patterns = calloc(o->n_taps, sizeof *A.tap_patterns);
-        for (size_t i = 0; A.tap_patterns && i < o->n_taps; i++) {
-            size_t l = strlen(o->taps[i]) + 4;
+    /* the taps asked for, then (moe) the routes' own: the routes check reads each side's top-k
+     * and router logits whether or not they are asked for; only the asked-for taps are compared */
+    static const char *const route_taps[] = {"moe.topk", "moe.router_logits"};
+    const size_t n_own = o->block == TD_BLOCK_MOE ? TD_ARRAY_LEN(route_taps) : 0;
+    A.n_patterns = o->n_taps + n_own;
+    if (A.n_patterns) {
+        A.tap_patterns = calloc(A.n_patterns, sizeof *A.tap_patterns);
+        for (size_t i = 0; A.tap_patterns && i < A.n_patterns; i++) {
+            const char *suffix = i < o->n_taps ? o->taps[i] : route_taps[i - o->n_taps];
+            size_t l = strlen(suffix) + 4;
             A.tap_patterns[i] = malloc(l);
             if (!A.tap_patterns[i]) break;
-            snprintf(A.tap_patterns[i], l, "L*.%s", o->taps[i]);
+            snprintf(A.tap_patterns[i], l, "L*.%s", suffix);
         }
-        for (size_t i = 0; A.tap_patterns && i < o->n_taps && !st; i++)
+        for (size_t i = 0; A.tap_patterns && i < A.n_patterns && !st; i++)
             if (!A.tap_patterns[i]) st = td_err_set(err, TD_ERR_NOMEM, "audit layer: out of memory");
-        if (!A.tap_patterns) st = td_err_set(err, TD_ERR_NOMEM, "audit layer: out of memory");
+        if (!A.tap_patterns) {
+            A.n_patterns = 0;
+            st = td_err_set(err, TD_ERR_NOMEM, "audit layer: out of memory");
+        }
     }
+    if (!st && o->n_taps) st = td_taps_new((const char *const *)A.tap_patterns, o->n_taps, &A.want, err);
     const uint64_t total = (uint64_t)(o->n_layers * o->n_ranks * o->n_tokens * o->n_scales * o->n_routes);
     td_progress prog;
     td_progress_init_ex(&prog, stderr, "audit layer", total, o->progress ? -1 : 0, NULL, NULL);
@@ -800,6 +1007,8 @@ cJSON *td_layer_row_json(const td_layer_row *row)
         } else {
             cJSON_AddNullToObject(j, "first_diff");
         }
+        cJSON_AddNumberToObject(j, "tokens_excluded", (double)c->tokens_excluded);
+        if (c->tokens_excluded > 0) num_or_null(j, "relative_l2_all", c->rel_l2_all);
         cJSON_AddStringToObject(j, "verdict", verdict_of(c));
         if (c->message[0]) cJSON_AddStringToObject(j, "message", c->message);
         cJSON_AddItemToArray(arr, j);
@@ -836,6 +1045,8 @@ cJSON *td_layer_summary_json(const td_layer_summary *s)
         cJSON_AddNumberToObject(j, "exact", (double)g->exact);
         num_or_null(j, "worst_relative_l2", g->worst_rel_l2);
         num_or_null(j, "worst_max_abs", g->worst_max_abs);
+        cJSON_AddNumberToObject(j, "tokens_excluded", (double)g->tokens_excluded);
+        cJSON_AddNumberToObject(j, "checks_excluding", (double)g->checks_excluding);
         cJSON_AddItemToArray(arr, j);
     }
     return o;
@@ -862,6 +1073,9 @@ void td_layer_summary_print(const td_layer_summary *s, FILE *f)
                 (long long)g->passed, (long long)g->failed, (long long)g->exact,
                 g->worst_rel_l2 < 0 ? 0.0 : g->worst_rel_l2, g->worst_max_abs,
                 g->skipped == g->checks ? "  (recorded only)" : "");
+        if (g->checks_excluding)
+            fprintf(f, "  - %lld check(s) judged without %lld token(s) whose routes differ (moe.routes)\n",
+                    (long long)g->checks_excluding, (long long)g->tokens_excluded);
         if (g->failed)
             fprintf(f, "  ! first failure / worst at layer %lld rank %lld tokens %lld, first differing index %lld\n",
                     (long long)g->worst_layer, (long long)g->worst_rank, (long long)g->worst_tokens,

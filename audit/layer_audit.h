@@ -35,6 +35,19 @@
  * - "repeat": each distinct variant against its own second run; expectation exact.
  * - "reject": (route invalid) each distinct variant must fail with TD_ERR_RANGE.
  * Under a bounded pair, integer taps (moe.topk) are recorded but not judged (verdict skip).
+ * Routes that differ (bounded pairs of the moe block with route router; audit/routes.h): the
+ * audit captures each side's moe.topk and moe.router_logits (asked for or not; only taps asked
+ * for are compared) and adds the check "pair" on `L{l}.moe.routes`: numel = tokens,
+ * mismatches = tokens whose ids differ (other experts, or the same in another order),
+ * first_diff = the first such token, exact = none, max_abs = the largest router-logit gap (side
+ * A's logits) between an expert only A chose and one only B chose; rel_l2, nmse, cosine,
+ * max_ulp and finite are those of the router logits. It passes when both sides' top-k follow
+ * their own logits (routes.h) and, if any token differs, the logits are finite and within the
+ * pair's bound (the differences are near-ties). When it passes with tokens differing, the
+ * route-dependent tensors (the block output: tokens with other experts; moe.topk_weights,
+ * moe.expert_act, moe.expert_out: tokens with any difference) are judged on the other tokens
+ * (tokens_excluded, rel_l2_all and the message say what was left out); when it fails they are
+ * judged on every token.
  * The dtype a pair is compared in is the variants' common act_dtype (F32 when they differ).
  *
  * Pair expectations (td_layer_pair_parse): written `A,B`, `A,B@exact`, `A,B@bounded` or
@@ -129,7 +142,9 @@ typedef struct td_layer_check {
     double bound;                  /* NaN for exact */
     bool judged;                   /* false: recorded only (verdict skip) */
     bool pass;
-    td_metrics m;
+    td_metrics m;                  /* moe.routes: see "Routes that differ" below */
+    int64_t tokens_excluded;       /* tokens left out of m because their routes differ (0: none) */
+    double rel_l2_all;             /* rel_l2 over every token when tokens_excluded > 0, else NaN */
     char message[256];             /* reject: the engine's message; otherwise a note or "" */
 } td_layer_check;
 
@@ -162,6 +177,7 @@ typedef struct td_layer_group {
     double worst_rel_l2, worst_max_abs;
     int64_t worst_layer, worst_rank, worst_tokens; /* row of worst_rel_l2 (or first failure) */
     int64_t worst_first_diff;
+    int64_t tokens_excluded, checks_excluding; /* tokens left out (routes differ), over so many checks */
 } td_layer_group;
 
 typedef struct td_layer_summary {

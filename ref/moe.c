@@ -261,7 +261,20 @@ static void route_item(void *ctx, int64_t t, int worker)
     ref_moe_ws *ws = R->ws;
     float *p = ws->probs + t * R->E;
     ref_softmax(ws->logits + t * R->E, R->E, p, R->o->nx.accum);
-    ref_topk(p, R->E, R->k, ws->ids + t * R->k, ws->weights + t * R->k);
+    int32_t *ids = ws->ids + t * R->k;
+    float *w = ws->weights + t * R->k;
+    ref_topk(p, R->E, R->k, ids, w);
+    if (R->o->nx.fault == TD_FAULT_TOPK_SKIP && R->k < R->E) {
+        /* the planted bug: the last slot takes the best unselected expert (lowest index on ties) */
+        int64_t best = -1;
+        for (int64_t e = 0; e < R->E; e++) {
+            bool sel = false;
+            for (int64_t j = 0; j < R->k && !sel; j++) sel = ids[j] == (int32_t)e;
+            if (!sel && (best < 0 || p[e] > p[best])) best = e;
+        }
+        ids[R->k - 1] = (int32_t)best;
+        w[R->k - 1] = p[best];
+    }
     if (R->w->norm_topk_prob && R->o->nx.fault != TD_FAULT_NO_RENORM)
         ref_renorm(ws->weights + t * R->k, R->k, R->o->nx.accum);
 }

@@ -106,7 +106,7 @@ audit)
     --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,kernels=generic' \
     --pair 'cuda:act_dtype=bf16,storage=raw,cuda:act_dtype=bf16,storage=raw,kernels=generic' \
     --pair 'cuda:act_dtype=bf16,storage=raw,cuda:act_dtype=bf16,moe_dispatch=grouped,graphs=on@exact' \
-    --db "$out/audit.db" --no-progress
+    --db "$out/audit.db" --out "$out/audit_fml_rows.json" --no-progress
   t audit_edge_prepared $B/tandem audit layer --model /tmp/edge --pair 'ref:scale=fp16,act_dtype=fp16,cuda:act_dtype=fp16' \
     --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,moe_dispatch=grouped,graphs=on@exact' --db "$out/audit.db" --no-progress
   t audit_edge_raw $B/tandem audit layer --model /tmp/edge --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,storage=raw' --db "$out/audit.db" --no-progress ;;

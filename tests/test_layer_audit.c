@@ -157,6 +157,7 @@ typedef struct grid {
     size_t np;
     const char *taps[8];
     size_t ntaps;
+    const char *model; /* NULL: the shared fixture */
 } grid;
 
 static void grid_default(grid *g)
@@ -186,7 +187,7 @@ static void add_pair(grid *g, const char *text)
 static void grid_opts(const grid *g, td_layer_audit_opts *o)
 {
     td_layer_audit_opts_init(o);
-    o->model = fixture_dir();
+    o->model = g->model ? g->model : fixture_dir();
     o->layers = g->layers;
     o->n_layers = g->nl;
     o->ranks = g->ranks;
@@ -296,8 +297,9 @@ static void grid_default_pairs_all_pass(void **state)
     assert_int_equal(sum.failed, 0);
     assert_int_equal(sum.rows_failed, 0);
     assert_int_equal(sum.checks, c.checks);
-    /* per non-invalid row: 2 pair checks + 4 repeats (4 distinct variants); invalid rows: 4 rejects */
-    assert_int_equal(sum.checks, 2 * 2 * 3 * ((TD_ROUTE_COUNT - 1) * 6 + 4));
+    /* per non-invalid row: 2 pair checks + 4 repeats (4 distinct variants); invalid rows: 4
+     * rejects; router rows: the bounded pair's routes check too */
+    assert_int_equal(sum.checks, 2 * 2 * 3 * ((TD_ROUTE_COUNT - 1) * 6 + 4 + 1));
     /* rows in grid order, and the reject checks */
     const cJSON *row = cJSON_GetArrayItem(c.rows, 0);
     assert_int_equal(cJSON_GetObjectItem(row, "layer")->valueint, 0);
@@ -316,7 +318,11 @@ static void grid_default_pairs_all_pass(void **state)
     bool saw_bounded = false;
     for (size_t i = 0; i < sum.n_groups; i++) {
         const td_layer_group *gr = &sum.groups[i];
-        if (!strcmp(gr->kind, "pair") && gr->expect == TD_EXPECT_BOUNDED) {
+        if (!strcmp(gr->kind, "pair") && gr->expect == TD_EXPECT_BOUNDED && !strcmp(gr->tap, "moe.routes")) {
+            /* the router is BF16: the scales change no logit, so no route */
+            assert_int_equal(gr->exact, gr->checks);
+            assert_int_equal(gr->failed, 0);
+        } else if (!strcmp(gr->kind, "pair") && gr->expect == TD_EXPECT_BOUNDED) {
             saw_bounded = true;
             assert_true(gr->worst_rel_l2 > 0.0 && gr->worst_rel_l2 < 2e-3);
         }
@@ -418,7 +424,8 @@ static void row_replays_alone(void **state)
 static void planted_bugs_are_caught(void **state)
 {
     (void)state;
-    static const char *const faults[] = {"nibble_order", "reciprocal_global", "gate_up_swap", "no_renorm", "tp_slice"};
+    static const char *const faults[] = {"nibble_order", "reciprocal_global", "gate_up_swap",
+                                         "no_renorm",    "tp_slice",          "topk_skip"};
     cJSON *schema = doc_schema();
     for (size_t f = 0; f < sizeof faults / sizeof faults[0]; f++) {
         grid g;
@@ -433,11 +440,17 @@ static void planted_bugs_are_caught(void **state)
         collect c = {cJSON_CreateArray(), NULL, 0, 0};
         td_layer_summary sum;
         run_grid(&g, &c, &sum);
-        int64_t exact_fail = 0, bounded_fail = 0;
+        int64_t exact_fail = 0, bounded_fail = 0, routes_fail = -1;
+        const bool selection = !strcmp(faults[f], "topk_skip");
         for (size_t i = 0; i < sum.n_groups; i++) {
             const td_layer_group *gr = &sum.groups[i];
             if (!strcmp(gr->kind, "repeat") || !strcmp(gr->b, "ref:accum=fp64")) {
                 if (gr->failed) fail_msg("fault %s: group %s %s / %s failed", faults[f], gr->kind, gr->a, gr->b);
+                continue;
+            }
+            if (!strcmp(gr->tap, "moe.routes")) { /* the bounded pair's: fails for a selection bug only */
+                assert_int_equal(gr->expect, TD_EXPECT_BOUNDED);
+                routes_fail = gr->failed;
                 continue;
             }
             assert_string_equal(gr->tap, "moe.out");
@@ -447,12 +460,113 @@ static void planted_bugs_are_caught(void **state)
         if (exact_fail != (int64_t)g.nt || bounded_fail != (int64_t)g.nt)
             fail_msg("fault %s: %lld exact and %lld bounded failures (want %zu each)", faults[f],
                      (long long)exact_fail, (long long)bounded_fail, g.nt);
+        if (routes_fail != (selection ? (int64_t)g.nt : 0))
+            fail_msg("fault %s: %lld routes failures (want %zu)", faults[f], (long long)routes_fail,
+                     selection ? g.nt : (size_t)0);
         assert_int_equal(sum.rows_failed, sum.rows);
         validate(schema, c.rows, "rows");
         cJSON_Delete(c.rows);
         td_layer_summary_free(&sum);
     }
     cJSON_Delete(schema);
+}
+
+/* Routes that differ under a bounded pair (docs/audit-layer.md, "Routes that differ"). */
+static const cJSON *check_of(const cJSON *row, const char *tap, const char *a, const char *b)
+{
+    const cJSON *x;
+    cJSON_ArrayForEach(x, cJSON_GetObjectItem(row, "checks")) {
+        if (!strcmp(cJSON_GetObjectItem(x, "tap")->valuestring, tap) &&
+            !strcmp(cJSON_GetObjectItem(x, "check")->valuestring, "pair") &&
+            !strcmp(cJSON_GetObjectItem(x, "a")->valuestring, a) && !strcmp(cJSON_GetObjectItem(x, "b")->valuestring, b))
+            return x;
+    }
+    fail_msg("no pair check of %s: %s vs %s", tap, a, b);
+    return NULL;
+}
+
+static void routes_that_differ(void **state)
+{
+    (void)state;
+    /* qwen3-next-tiny (64 experts, top-4): BF16 inputs flip a few near-tied routes at these
+     * token counts, where the fixture's 8 experts flip none */
+    char dir[768];
+    td_test_gen("qwen3-next-tiny", 1, false, 0, "la_q3n_routes", dir, sizeof dir);
+    grid g;
+    grid_default(&g);
+    g.model = dir;
+    g.tokens[0] = 64;
+    g.tokens[1] = 512;
+    g.nt = 2;
+    add_pair(&g, "ref,ref:act_dtype=bf16");
+    add_pair(&g, "ref,ref:act_dtype=bf16,fault=topk_skip");
+    add_pair(&g, "ref:threads=1,ref:act_dtype=bf16@bounded=1e-6");
+    collect c = {cJSON_CreateArray(), NULL, 0, 0};
+    td_layer_summary sum;
+    run_grid(&g, &c, &sum);
+    cJSON *schema = doc_schema();
+    validate(schema, c.rows, "rows");
+    cJSON_Delete(schema);
+    int64_t excluded = 0;
+    for (int r = 0; r < cJSON_GetArraySize(c.rows); r++) {
+        const cJSON *row = cJSON_GetArrayItem(c.rows, r);
+        const int64_t M = cJSON_GetObjectItem(row, "tokens")->valueint;
+        char out[32], routes[32];
+        snprintf(out, sizeof out, "L0.moe.out");
+        snprintf(routes, sizeof routes, "L0.moe.routes");
+        /* bf16: near-ties, judged apart; the block output passes on the other tokens */
+        const cJSON *rt = check_of(row, routes, "ref", "ref:act_dtype=bf16");
+        const cJSON *o = check_of(row, out, "ref", "ref:act_dtype=bf16");
+        assert_non_null(rt);
+        assert_non_null(o);
+        assert_string_equal(cJSON_GetObjectItem(rt, "verdict")->valuestring, "pass");
+        assert_int_equal(cJSON_GetObjectItem(rt, "numel")->valueint, M);
+        const int64_t differ = cJSON_GetObjectItem(rt, "mismatches")->valueint;
+        const int64_t ex = cJSON_GetObjectItem(o, "tokens_excluded")->valueint;
+        assert_true(ex <= differ);
+        assert_string_equal(cJSON_GetObjectItem(o, "verdict")->valuestring, "pass");
+        const cJSON *whole = check_of(row, out, "ref", "ref:act_dtype=bf16,fault=topk_skip"); /* every token judged */
+        const int64_t H = cJSON_GetObjectItem(whole, "numel")->valueint / M;
+        if (ex > 0) {
+            excluded += ex;
+            assert_int_equal(cJSON_GetObjectItem(o, "numel")->valueint, (M - ex) * H);
+            assert_non_null(strstr(cJSON_GetObjectItem(o, "message")->valuestring, "route differently"));
+            assert_non_null(strstr(cJSON_GetObjectItem(rt, "message")->valuestring, "near-ties"));
+            /* all tokens together: the flips' whole experts dominate */
+            assert_true(cJSON_GetObjectItem(o, "relative_l2_all")->valuedouble >
+                        cJSON_GetObjectItem(o, "relative_l2")->valuedouble);
+            assert_true(cJSON_GetObjectItem(rt, "max_abs")->valuedouble > 0.0);
+        }
+        /* the planted selection bug: blamed on its side, the output judged on every token */
+        rt = check_of(row, routes, "ref", "ref:act_dtype=bf16,fault=topk_skip");
+        o = check_of(row, out, "ref", "ref:act_dtype=bf16,fault=topk_skip");
+        assert_string_equal(cJSON_GetObjectItem(rt, "verdict")->valuestring, "fail");
+        assert_non_null(strstr(cJSON_GetObjectItem(rt, "message")->valuestring,
+                               "ref:act_dtype=bf16,fault=topk_skip's top-k does not follow its router logits"));
+        assert_int_equal(cJSON_GetObjectItem(o, "tokens_excluded")->valueint, 0);
+        assert_string_equal(cJSON_GetObjectItem(o, "verdict")->valuestring, "fail");
+        /* logits beyond the pair's bound: differing routes are not near-ties */
+        rt = check_of(row, routes, "ref:threads=1", "ref:act_dtype=bf16");
+        assert_true(cJSON_GetObjectItem(rt, "mismatches")->valueint > 0);
+        assert_string_equal(cJSON_GetObjectItem(rt, "verdict")->valuestring, "fail");
+        assert_non_null(strstr(cJSON_GetObjectItem(rt, "message")->valuestring, "not near-ties"));
+        o = check_of(row, out, "ref:threads=1", "ref:act_dtype=bf16");
+        assert_int_equal(cJSON_GetObjectItem(o, "tokens_excluded")->valueint, 0);
+        assert_string_equal(cJSON_GetObjectItem(o, "verdict")->valuestring, "fail");
+    }
+    if (excluded == 0) fail_msg("no token routed to other experts: the fixture no longer exercises the rule");
+    /* the summary counts what was judged apart */
+    bool saw = false;
+    for (size_t i = 0; i < sum.n_groups; i++)
+        if (!strcmp(sum.groups[i].kind, "pair") && !strcmp(sum.groups[i].tap, "moe.out") &&
+            !strcmp(sum.groups[i].a, "ref") && !strcmp(sum.groups[i].b, "ref:act_dtype=bf16")) {
+            assert_int_equal(sum.groups[i].tokens_excluded, excluded);
+            assert_int_equal(sum.groups[i].failed, 0);
+            saw = true;
+        }
+    assert_true(saw);
+    cJSON_Delete(c.rows);
+    td_layer_summary_free(&sum);
 }
 
 static void db_rows(void **state)
@@ -488,7 +602,7 @@ static void db_rows(void **state)
                                         "SELECT count(*), sum(verdict = 'fail'), "
                                         "sum(tap = 'L0.moe.out#scale=1' AND variant_b = 'ref:scale=fp16'), "
                                         "sum(variant_b = 'ref#repeat'), sum(tap LIKE '%#route=invalid'), "
-                                        "sum(expectation = 'bounded') FROM layer_cmp",
+                                        "sum(expectation = 'bounded'), sum(tap LIKE 'L0.moe.routes%') FROM layer_cmp",
                                         -1, &q, NULL),
                      SQLITE_OK);
     assert_int_equal(sqlite3_step(q), SQLITE_ROW);
@@ -497,7 +611,9 @@ static void db_rows(void **state)
     assert_int_equal(sqlite3_column_int64(q, 2), 2);     /* tokens 1 and 4 */
     assert_int_equal(sqlite3_column_int64(q, 3), 2 * 2); /* 2 token counts x 2 scales (router route) */
     assert_true(sqlite3_column_int64(q, 4) > 0);
-    assert_int_equal(sqlite3_column_int64(q, 5), 2 * 2); /* the scale pair: 2 tokens x 2 scales */
+    /* the scale pair: 2 tokens x 2 scales, block output and routes (router rows) */
+    assert_int_equal(sqlite3_column_int64(q, 5), 2 * 2 * 2);
+    assert_int_equal(sqlite3_column_int64(q, 6), 2 * 2);
     sqlite3_finalize(q);
     sqlite3_close(s);
     assert_true(sum.failed > 0);
@@ -745,6 +861,7 @@ int main(void)
         cmocka_unit_test(taps_rows_validate),
         cmocka_unit_test(row_replays_alone),
         cmocka_unit_test(planted_bugs_are_caught),
+        cmocka_unit_test(routes_that_differ),
         cmocka_unit_test(db_rows),
         cmocka_unit_test(mixer_blocks),
         cmocka_unit_test(pair_sides_must_match),
