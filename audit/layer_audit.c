@@ -623,8 +623,27 @@ static td_status compare_runs(audit *A, const char *kind, int pair, const char *
     }
     const size_t at = A->n_checks;
     td_status st = TD_OK;
-    if (ia && lga && ib && lgb)
+    if (ia && lga && ib && lgb) {
         st = add_routes(A, pair, la, lb, layer, M, ia, lga, ib, lgb, bound, &keep, routes_tap, sizeof routes_tap, err);
+    } else if (check_routes) { /* an engine that did not capture them: recorded, not judged */
+        td_layer_check *c = new_check(A, err);
+        if (!c) return TD_ERR_NOMEM;
+        snprintf(c->kind, sizeof c->kind, "pair");
+        c->pair = pair;
+        snprintf(c->a, sizeof c->a, "%s", la);
+        snprintf(c->b, sizeof c->b, "%s", lb);
+        td_tap_name(c->tap, sizeof c->tap, layer, "moe.routes");
+        c->expect = TD_EXPECT_BOUNDED;
+        c->bound = bound;
+        td_metrics_i32(NULL, NULL, 0, &c->m);
+        c->m.numel = M;
+        c->m.exact = false;
+        c->judged = false;
+        c->pass = true;
+        snprintf(c->message, sizeof c->message,
+                 "routes not compared: %s did not capture moe.topk and moe.router_logits of %lld tokens",
+                 !(ia && lga) ? la : lb, (long long)M);
+    }
     if (!st)
         st = add_compare(A, kind, pair, la, lb, out_name, dt, false, sa->out[ra], sb->out[rb], n, n, expect, bound,
                          &keep, err);

@@ -21,7 +21,9 @@
  * block, routes imposed or not) and replays it. moe_dispatch=grouped runs on the tensor-core
  * path only and is refused (TD_ERR_UNSUPPORTED, naming why) elsewhere. The tensor-core path
  * keeps its intermediates as 16-bit patterns only (moe_block.cuh); the taps moe.expert_act,
- * moe.expert_out and moe.shared_out convert them to float on the host (exact).
+ * moe.expert_out and moe.shared_out convert them to float on the host (exact), for calls of
+ * one chunk; the routing taps (moe.topk, moe.topk_weights, moe.router_logits) come at every
+ * call size, each chunk copying its tokens'.
  *
  * Errors name the engine, layer and tensor or CUDA call at fault. One engine owns its streams,
  * events, graphs and device memory; nothing global.
@@ -76,9 +78,11 @@ typedef struct cu_engine {
     cu_block_shape shape;       /* the variant, as the block launcher needs it */
     cu_block_ws ws;             /* workspace (device) for CU_TOKEN_CAP tokens, streams, events */
     bool have_stream2, have_events;
-    /* host staging for taps (allocated on first use) */
+    /* host staging for taps (allocated on first use); the routing's (h_ids, h_wts, h_logits)
+     * for route_cap tokens, any call size; the others for one chunk */
     int32_t *h_ids;
     float *h_wts, *h_logits, *h_act, *h_eout, *h_sh;
+    int64_t route_cap;
     uint16_t *h_16;             /* 16-bit intermediates on their way to h_act, h_eout, h_sh */
     cu_graph graphs[CU_GRAPHS];
     int n_graphs, next_graph;
@@ -737,6 +741,25 @@ static td_status host_buf(void **p, size_t bytes, td_err *err)
     return TD_OK;
 }
 
+/* The routing taps' host staging for a call of M tokens (at least one chunk's; grown, never
+ * shrunk): every chunk copies its ids, weights and logits in at its first token. */
+static td_status route_bufs(cu_engine *c, int64_t M, td_err *err)
+{
+    if (M <= c->route_cap) return TD_OK;
+    const size_t n = (size_t)(M > CU_TOKEN_CAP ? M : CU_TOKEN_CAP), k = (size_t)c->cfg.num_experts_per_tok,
+                 E = (size_t)c->cfg.num_experts;
+    void *ids = realloc(c->h_ids, n * k * sizeof(int32_t));
+    if (ids) c->h_ids = (int32_t *)ids;
+    void *wts = ids ? realloc(c->h_wts, n * k * sizeof(float)) : NULL;
+    if (wts) c->h_wts = (float *)wts;
+    void *lg = wts ? realloc(c->h_logits, n * E * sizeof(float)) : NULL;
+    if (lg) c->h_logits = (float *)lg;
+    if (!lg) return td_err_set(err, TD_ERR_NOMEM, "engine cuda: out of host memory for the routing taps of %lld tokens",
+                               (long long)M);
+    c->route_cap = (int64_t)n;
+    return TD_OK;
+}
+
 /* A tap's n values into *dst (host, cap floats, allocated on first use): from d32 (float) or,
  * when d16 is not NULL, from the 16-bit patterns of act dtype `act` (the values the engine
  * holds, converted exactly; this waits for the stream). */
@@ -764,8 +787,9 @@ static td_status tap_fetch(cu_engine *c, float **dst, size_t cap, const float *d
     return TD_OK;
 }
 
-/* One chunk of at most CU_TOKEN_CAP tokens: copy in, run, copy out (and the taps' data when
- * the whole call is one chunk). */
+/* One chunk of at most CU_TOKEN_CAP tokens: copy in, run, copy out, and the taps' data: the
+ * routing's (ids, weights, logits) for every chunk at its tokens, the others when the whole
+ * call is one chunk. */
 static td_status run_chunk(cu_engine *c, const cu_layer *ly, const td_block_call *call, int64_t t0, int64_t Mc,
                            td_err *err)
 {
@@ -792,21 +816,20 @@ static td_status run_chunk(cu_engine *c, const cu_layer *ly, const td_block_call
     }
     TD_CU_TRY(err, cudaMemcpyAsync(call->output + t0 * H, c->ws.out, (size_t)(Mc * H) * sizeof(float),
                                    cudaMemcpyDeviceToHost, s));
-    if (!c->base.taps || call->n_tokens > CU_TOKEN_CAP) return TD_OK;
+    if (!c->base.taps) return TD_OK;
     const size_t C = CU_TOKEN_CAP, T = (size_t)c->base.variant.tp_size;
     const size_t il = (size_t)cf->moe_intermediate_size / T;
-    st = host_buf((void **)&c->h_ids, C * k * sizeof(int32_t), err);
-    if (!st) st = host_buf((void **)&c->h_wts, C * k * sizeof(float), err);
+    st = route_bufs(c, call->n_tokens, err);
     if (st) return st;
-    TD_CU_TRY(err, cudaMemcpyAsync(c->h_ids, c->ws.ids, (size_t)(Mc * k) * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
-    TD_CU_TRY(err, cudaMemcpyAsync(c->h_wts, c->ws.wts, (size_t)(Mc * k) * sizeof(float), cudaMemcpyDeviceToHost, s));
-    if (!routed && wants(c, L, "moe.router_logits")) {
-        st = host_buf((void **)&c->h_logits, C * (size_t)E * sizeof(float), err);
-        if (st) return st;
-        TD_CU_TRY(err, cudaMemcpy2DAsync(c->h_logits, (size_t)E * sizeof(float), c->ws.logits,
+    TD_CU_TRY(err, cudaMemcpyAsync(c->h_ids + t0 * k, c->ws.ids, (size_t)(Mc * k) * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, s));
+    TD_CU_TRY(err, cudaMemcpyAsync(c->h_wts + t0 * k, c->ws.wts, (size_t)(Mc * k) * sizeof(float),
+                                   cudaMemcpyDeviceToHost, s));
+    if (!routed && wants(c, L, "moe.router_logits"))
+        TD_CU_TRY(err, cudaMemcpy2DAsync(c->h_logits + t0 * E, (size_t)E * sizeof(float), c->ws.logits,
                                          (size_t)c->ws.lg_ld * sizeof(float), (size_t)E * sizeof(float), (size_t)Mc,
                                          cudaMemcpyDeviceToHost, s));
-    }
+    if (call->n_tokens > CU_TOKEN_CAP) return TD_OK; /* the per-slot and shared taps: one-chunk calls */
     if (c->base.variant.tp_rank != TD_TP_RANK_ALL) {
         /* the tensor-core path keeps these only as 16-bit patterns (cu_block_ws) */
         const bool mm = ly->w.mm, sh_mm = ly->w.sh_mm;
@@ -860,15 +883,15 @@ static td_status cu_run_block(td_engine *base, const td_block_call *call, td_err
         return td_engine_put_tap(base, L, "moe.router_logits", TD_F32, 2, sh, call->output, err);
     }
     td_status st = TD_OK;
+    const bool routed = call->route_ids != NULL;
+    const int64_t sk[2] = {M, k};
+    if (!routed && wants(c, L, "moe.router_logits")) {
+        const int64_t sl[2] = {M, E};
+        st = td_engine_put_tap(base, L, "moe.router_logits", TD_F32, 2, sl, c->h_logits, err);
+    }
+    if (!st) st = td_engine_put_tap(base, L, "moe.topk", TD_I32, 2, sk, c->h_ids, err);
+    if (!st) st = td_engine_put_tap(base, L, "moe.topk_weights", TD_F32, 2, sk, c->h_wts, err);
     if (M <= CU_TOKEN_CAP) {
-        const bool routed = call->route_ids != NULL;
-        const int64_t sk[2] = {M, k};
-        if (!routed && c->h_logits && wants(c, L, "moe.router_logits")) {
-            const int64_t sl[2] = {M, E};
-            st = td_engine_put_tap(base, L, "moe.router_logits", TD_F32, 2, sl, c->h_logits, err);
-        }
-        if (!st) st = td_engine_put_tap(base, L, "moe.topk", TD_I32, 2, sk, c->h_ids, err);
-        if (!st) st = td_engine_put_tap(base, L, "moe.topk_weights", TD_F32, 2, sk, c->h_wts, err);
         if (!st && c->base.variant.tp_rank != TD_TP_RANK_ALL) {
             const int64_t il = c->cfg.moe_intermediate_size / c->base.variant.tp_size;
             const int64_t sa[3] = {M, k, il}, so[3] = {M, k, H}, ss[2] = {M, H};

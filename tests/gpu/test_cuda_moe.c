@@ -37,6 +37,9 @@
  *   the host's conversions and the layout's formula, with edge values and canaries; and staged
  *   for k_mm's decode-sized calls (cu_mm_round_stage), against the staged row's formula and k_mm
  *   from that image against k_mm staging its rows itself, bit for bit;
+ * - the routing taps of a call of two workspace chunks (1,030 tokens, two calls of other inputs)
+ *   against ref's: logits, each side's top-k following its logits (audit/routes.h), ids and
+ *   weights;
  * - the grouping kernels' arrays (cu_mm_group) against a host counting sort, outputs poisoned;
  * - prefill-sized calls (the BF16 router and shared expert on k_wgp, its inputs laid out by the
  *   round, FP16 split into hi and lo, BF16 as they are; the NVFP4 projections
@@ -61,6 +64,7 @@
 #include "audit/engines.h"
 #include "formats.h"
 #include "ref/moe.h"
+#include "audit/routes.h"
 
 #include <math.h>
 
@@ -867,6 +871,82 @@ static void cuda_combine_taps(void **state)
     combine_case("gpu_comb_w2c13", 320, 128, 13); /* one slot more: the separate combine */
 }
 
+/* The routing taps (moe.topk, moe.topk_weights, moe.router_logits) of a call of two workspace
+ * chunks (1,030 tokens): every token's, from the chunk that computed it. Two calls with other
+ * inputs, so that a chunk not copied would show the first call's routes; against ref's taps of
+ * the same inputs (FP32 activations both: logits within 1e-5, each side's top-k following its
+ * own logits, the ids equal but for near-ties, the weights of equal routes within 1e-5). */
+static void cuda_route_taps_chunks(void **state)
+{
+    (void)state;
+    mf_opts o;
+    shape(&o, 41, 64, 64, 6, 32, 32);
+    mf_model m;
+    const char *dir = fixture_or_skip("gpu_route_taps", &o, &m);
+    td_engine *er = td_test_engine(dir, "ref:scale=fp16"), *ec = td_test_engine(dir, "cuda:act_dtype=fp32");
+    static const char *const tp[] = {"L*.moe.topk", "L*.moe.topk_weights", "L*.moe.router_logits"};
+    td_taps *tr = NULL, *tc = NULL;
+    td_err err;
+    assert_int_equal(td_taps_new(tp, 3, &tr, &err), TD_OK);
+    assert_int_equal(td_taps_new(tp, 3, &tc, &err), TD_OK);
+    td_engine_set_taps(er, tr);
+    td_engine_set_taps(ec, tc);
+    const int64_t M = 1030, H = o.hidden, k = o.top_k, E = o.experts;
+    float *x = malloc((size_t)(M * H) * sizeof *x), *yr = malloc((size_t)(M * H) * sizeof *yr),
+          *yc = malloc((size_t)(M * H) * sizeof *yc);
+    uint8_t *mask = malloc((size_t)M);
+    assert_true(x && yr && yc && mask);
+    for (int call = 0; call < 2; call++) {
+        td_rng rng;
+        td_rng_seed(&rng, 4100 + (uint64_t)call);
+        for (int64_t i = 0; i < M * H; i++) x[i] = 0.5f * td_rng_normal_f32(&rng);
+        td_block_call cr = {0, TD_BLOCK_MOE, M, x, yr, NULL, NULL};
+        td_block_call cc = cr;
+        cc.output = yc;
+        if (td_engine_run_block(er, &cr, &err)) fail_msg("ref: %s", err.msg);
+        if (td_engine_run_block(ec, &cc, &err)) fail_msg("cuda: %s", err.msg);
+        const td_tap *ia = td_taps_find(tr, "L0.moe.topk"), *ib = td_taps_find(tc, "L0.moe.topk");
+        const td_tap *wa = td_taps_find(tr, "L0.moe.topk_weights"), *wb = td_taps_find(tc, "L0.moe.topk_weights");
+        const td_tap *la = td_taps_find(tr, "L0.moe.router_logits"), *lb = td_taps_find(tc, "L0.moe.router_logits");
+        assert_true(ia && ib && wa && wb && la && lb);
+        assert_int_equal(ib->numel, M * k);
+        assert_int_equal(wb->numel, M * k);
+        assert_int_equal(lb->numel, M * E);
+        const double lr = rel_l2((const float *)lb->data, (const float *)la->data, (size_t)(M * E));
+        td_route_cmp r;
+        assert_int_equal(td_route_compare(ia->data, la->data, ib->data, lb->data, M, E, k, mask, &r, &err), TD_OK);
+        print_message("  taps       M = %lld (two chunks), call %d: logits rel_l2 %.3e, %lld tokens routed "
+                      "differently, %lld reordered\n",
+                      (long long)M, call, lr, (long long)r.flipped, (long long)r.reordered);
+        assert_true(lr <= 1e-5);
+        assert_int_equal(r.side[0].unfollowed, 0);
+        assert_int_equal(r.side[1].unfollowed, 0);
+        assert_true(r.flipped + r.reordered <= M / 100);
+        const float *pa = wa->data, *pb = wb->data;
+        int64_t same = 0;
+        for (int64_t t = 0; t < M; t++) {
+            if (mask[t]) continue;
+            same += t >= 1024; /* the second chunk's tokens are among those compared */
+            for (int64_t j = 0; j < k; j++)
+                if (!(fabsf(pa[t * k + j] - pb[t * k + j]) <= 1e-5f * fabsf(pa[t * k + j])))
+                    fail_msg("call %d token %lld slot %lld: weight %.9g against ref's %.9g", call, (long long)t,
+                             (long long)j, (double)pb[t * k + j], (double)pa[t * k + j]);
+        }
+        assert_true(same >= 5);
+    }
+    td_engine_set_taps(er, NULL);
+    td_engine_set_taps(ec, NULL);
+    td_taps_free(tr);
+    td_taps_free(tc);
+    td_engine_free(er);
+    td_engine_free(ec);
+    free(x);
+    free(yr);
+    free(yc);
+    free(mask);
+    mf_free(&m);
+}
+
 /* The CUDA-core path (act_dtype=fp32) at a hidden size that is no multiple of 4 (BF16 experts):
  * the combine's one-column kernel, against ref. */
 static void cuda_odd_hidden(void **state)
@@ -1103,6 +1183,7 @@ int main(void)
         cmocka_unit_test(cuda_prefill_parts),
         cmocka_unit_test(cuda_routing),
         cmocka_unit_test(cuda_combine_taps),
+        cmocka_unit_test(cuda_route_taps_chunks),
         cmocka_unit_test(cuda_odd_hidden),
         cmocka_unit_test(cuda_grouping_wide),
     };
