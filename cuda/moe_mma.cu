@@ -2367,6 +2367,18 @@ static int64_t persistent_grid(int64_t items, size_t smem, size_t fixed, int cap
     return items < (int64_t)sms * *bps ? items : (int64_t)sms * *bps;
 }
 
+/* The decode kernel's persistent grid for `groups` groups of a matrix of R rows on blocks of dw
+ * warps (one row tile each) taking `smem` dynamic bytes, at most `cap` per SM: *tbx row-tile
+ * blocks per group, *items = groups x *tbx, *bps blocks per SM. launch_dec, the narrow blocks'
+ * grid and cu_mm_w2c_pays all size k_dec's grid here. */
+static int64_t dec_grid(int64_t groups, int64_t R, int dw, size_t smem, int cap, int sms, int64_t *tbx,
+                        int64_t *items, int *bps)
+{
+    *tbx = (R / 16 + dw - 1) / dw;
+    *items = groups * *tbx;
+    return persistent_grid(*items, smem, 1024, cap, sms, bps);
+}
+
 /* A grid that needs fewer blocks per SM than fit: the block scheduler may still stack two
  * or three of its blocks on one SM while other SMs idle (measured in the block's graph, the
  * shared expert running beside: W13's 100 blocks at M = 1 on 91 SMs, 9 of them with two), and
@@ -2419,10 +2431,10 @@ static int64_t dec_narrow_grid(const cu_mm_call &c, int wk, int chunk, int xrows
     if (!c.dec_narrow || c.perm) return 0;
     *smemn = dec_smem(dec_ring_bytes_w(wk, chunk, DEC_NARROW_WARPS), xrows, xs_w);
     if (*smemn > DEC_SMEM_MAX) return 0;
-    *tbxn = (c.W.R / 16 + DEC_NARROW_WARPS - 1) / DEC_NARROW_WARPS;
-    const int64_t items = (c.nslots + c.pack - 1) / c.pack * *tbxn;
-    if (items <= 0 || items > 0x7fffffff) return 0;
-    return persistent_grid(items, *smemn, 1024, DEC_NARROW_BLOCKS, sms, bpsn);
+    int64_t items = 0;
+    const int64_t grid = dec_grid((c.nslots + c.pack - 1) / c.pack, c.W.R, DEC_NARROW_WARPS, *smemn, DEC_NARROW_BLOCKS,
+                                  sms, tbxn, &items, bpsn);
+    return items <= 0 || items > 0x7fffffff ? 0 : grid;
 }
 
 template <int WK, int ACT, int CH, int NT>
@@ -2436,13 +2448,12 @@ static td_status launch_dec(const mm_args &a, cudaStream_t s, td_err *err)
     int dev = 0, sms = 0;
     const td_status sst = sm_count(&dev, &sms, err);
     if (sst) return sst;
-    const int64_t tbx = (a.c.W.R / 16 + DW - 1) / DW;
-    const int64_t items = a.c.max_groups * tbx;
+    /* blocks per SM: what shared memory allows, at most what the registers were built for */
+    int64_t tbx = 0, items = 0;
+    int bps = 0;
+    const int64_t grid = dec_grid(a.c.max_groups, a.c.W.R, DW, smem, dec_occupancy<NT>::blocks, sms, &tbx, &items, &bps);
     if (items > 0x7fffffff)
         return td_err_set(err, TD_ERR_RANGE, "cuda moe: %lld work items in one launch", (long long)items);
-    /* blocks per SM: what shared memory allows, at most what the registers were built for */
-    int bps = 0;
-    const int64_t grid = persistent_grid(items, smem, 1024, dec_occupancy<NT>::blocks, sms, &bps);
     if (!(a.c.epi == CU_MM_SWIGLU || (a.c.epi == CU_MM_STORE && !a.c.out)))
         return td_err_set(err, TD_ERR_INTERNAL, "cuda moe: epilogue %d with float outputs on the decode kernel", a.c.epi);
     if constexpr (NT == 1) {
@@ -2728,10 +2739,10 @@ bool cu_mm_w2c_pays(const cu_mm_call *c, int64_t k)
     /* the grids both launches would take: k_dec's W2 (one 8-token tile, 8 warps) and k_w2c's */
     const mm_geo g = geo_of(c->W.K);
     const int64_t RT = c->W.R / 16, tokens = c->nslots / k, DW = dec_occupancy<1>::warps;
-    const int64_t items_dec = c->nslots * ((RT + DW - 1) / DW);
+    int64_t tbx = 0, items_dec = 0;
+    const int B = (int)dec_grid(c->nslots, c->W.R, (int)DW, dec_smem(dec_ring_bytes(0, g.chunk, 1), 1, g.xs_w),
+                                dec_occupancy<1>::blocks, sms, &tbx, &items_dec, &bps);
     if (items_dec > 0x7fffffff) return false;
-    const int B = (int)persistent_grid(items_dec, dec_smem(dec_ring_bytes(0, g.chunk, 1), 1, g.xs_w), 1024,
-                                       dec_occupancy<1>::blocks, sms, &bps);
     const int G = (int)w2c_grid(tokens * RT, w2c_smem(k, g), sms, &bps);
     return td_w2c_pays((int)tokens, (int)k, (int)RT, g.NC, (int)DW, B, G) != 0;
 }
