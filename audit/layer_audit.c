@@ -378,24 +378,34 @@ static void make_routes(audit *A, const td_rng *row, td_route_kind route, int64_
 
 /* ==== checks ================================================================================= */
 
-static td_layer_check *new_check(audit *A, td_err *err)
+/* A check of `kind` (pair index `pair`, -1 for none) of la against lb on `tap`, with its
+ * expectation (the bound kept for bounded ones only); metrics, verdict and message empty. */
+static void check_init(td_layer_check *c, const char *kind, int pair, const char *la, const char *lb, const char *tap,
+                       td_expect expect, double bound)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->kind, sizeof c->kind, "%s", kind);
+    c->pair = pair;
+    snprintf(c->a, sizeof c->a, "%s", la);
+    snprintf(c->b, sizeof c->b, "%s", lb);
+    snprintf(c->tap, sizeof c->tap, "%s", tap);
+    c->expect = expect;
+    c->bound = expect == TD_EXPECT_BOUNDED ? bound : (double)NAN;
+    c->rel_l2_all = (double)NAN;
+}
+
+/* Append a copy of the finished check c to the row's checks. */
+static td_status push_check(audit *A, const td_layer_check *c, td_err *err)
 {
     if (A->n_checks == A->cap_checks) {
         size_t nc = A->cap_checks ? 2 * A->cap_checks : 32;
         td_layer_check *n = realloc(A->checks, nc * sizeof *n);
-        if (!n) {
-            td_err_set(err, TD_ERR_NOMEM, "audit layer: out of memory");
-            return NULL;
-        }
+        if (!n) return td_err_set(err, TD_ERR_NOMEM, "audit layer: out of memory");
         A->checks = n;
         A->cap_checks = nc;
     }
-    td_layer_check *c = &A->checks[A->n_checks++];
-    memset(c, 0, sizeof *c);
-    c->pair = -1;
-    c->bound = (double)NAN;
-    c->rel_l2_all = (double)NAN;
-    return c;
+    A->checks[A->n_checks++] = *c;
+    return TD_OK;
 }
 
 static td_dtype compare_dtype(const td_variant *a, const td_variant *b)
@@ -430,49 +440,40 @@ static td_status add_compare(audit *A, const char *kind, int pair, const char *l
                              td_dtype dt, bool is_int, const void *a, const void *b, int64_t na, int64_t nb,
                              td_expect expect, double bound, const route_keep *keep, td_err *err)
 {
-    td_layer_check *c = new_check(A, err);
-    if (!c) return TD_ERR_NOMEM;
-    snprintf(c->kind, sizeof c->kind, "%s", kind);
-    c->pair = pair;
-    snprintf(c->a, sizeof c->a, "%s", la);
-    snprintf(c->b, sizeof c->b, "%s", lb);
-    snprintf(c->tap, sizeof c->tap, "%s", tap);
-    c->expect = expect;
-    c->bound = expect == TD_EXPECT_BOUNDED ? bound : (double)NAN;
+    td_layer_check c;
+    check_init(&c, kind, pair, la, lb, tap, expect, bound);
     if (na != nb) {
-        td_metrics_f32(NULL, NULL, 0, TD_F32, &c->m);
-        c->m.exact = false;
-        c->m.numel = na;
-        c->judged = true;
-        c->pass = false;
-        snprintf(c->message, sizeof c->message, "sizes differ: %lld vs %lld elements", (long long)na, (long long)nb);
-        return TD_OK;
+        td_metrics_f32(NULL, NULL, 0, TD_F32, &c.m);
+        c.m.exact = false;
+        c.m.numel = na;
+        c.judged = true;
+        c.pass = false;
+        snprintf(c.message, sizeof c.message, "sizes differ: %lld vs %lld elements", (long long)na, (long long)nb);
+        return push_check(A, &c, err);
     }
-    if (is_int) td_metrics_i32(a, b, na, &c->m);
-    else td_metrics_f32(a, b, na, dt, &c->m);
-    c->judged = !(is_int && expect == TD_EXPECT_BOUNDED);
-    c->pass = c->judged ? td_metrics_pass(&c->m, expect, c->bound) : true;
+    if (is_int) td_metrics_i32(a, b, na, &c.m);
+    else td_metrics_f32(a, b, na, dt, &c.m);
+    c.judged = !(is_int && expect == TD_EXPECT_BOUNDED);
+    c.pass = c.judged ? td_metrics_pass(&c.m, expect, c.bound) : true;
     const uint8_t bits = keep && keep->mask && !is_int ? route_bits(tap) : 0;
-    if (!bits || keep->M < 1 || na % keep->M) return TD_OK;
+    if (!bits || keep->M < 1 || na % keep->M) return push_check(A, &c, err);
     const int64_t M = keep->M, per = na / M;
     int64_t kept = 0;
     for (int64_t t = 0; t < M; t++) kept += !(keep->mask[t] & bits);
-    if (kept == M) return TD_OK;
-    c->tokens_excluded = M - kept;
-    c->rel_l2_all = c->m.rel_l2;
-    const double max_abs_all = c->m.max_abs;
+    if (kept == M) return push_check(A, &c, err);
+    c.tokens_excluded = M - kept;
+    c.rel_l2_all = c.m.rel_l2;
+    const double max_abs_all = c.m.max_abs;
     if (!kept) {
-        c->pass = false;
-        snprintf(c->message, sizeof c->message,
+        c.pass = false;
+        snprintf(c.message, sizeof c.message,
                  "every token routes differently (%s): nothing left to judge; all tokens: rel_l2 %.3e", keep->routes_tap,
-                 c->rel_l2_all);
-        return TD_OK;
+                 c.rel_l2_all);
+        return push_check(A, &c, err);
     }
     if (!reserve((void **)&A->ca, &A->cap_ca, (size_t)(kept * per), sizeof(float)) ||
-        !reserve((void **)&A->cb, &A->cap_cb, (size_t)(kept * per), sizeof(float))) {
-        A->n_checks--;
+        !reserve((void **)&A->cb, &A->cap_cb, (size_t)(kept * per), sizeof(float)))
         return td_err_set(err, TD_ERR_NOMEM, "audit layer: out of memory");
-    }
     const float *fa = a, *fb = b;
     int64_t o = 0;
     for (int64_t t = 0; t < M; t++) {
@@ -481,18 +482,18 @@ static td_status add_compare(audit *A, const char *kind, int pair, const char *l
         memcpy(A->cb + o, fb + t * per, (size_t)per * sizeof(float));
         o += per;
     }
-    td_metrics_f32(A->ca, A->cb, o, dt, &c->m);
-    if (c->m.first_diff >= 0) { /* back to the index in the whole tensor */
-        int64_t want = c->m.first_diff / per, t = 0;
+    td_metrics_f32(A->ca, A->cb, o, dt, &c.m);
+    if (c.m.first_diff >= 0) { /* back to the index in the whole tensor */
+        int64_t want = c.m.first_diff / per, t = 0;
         for (;; t++)
             if (!(keep->mask[t] & bits) && want-- == 0) break;
-        c->m.first_diff = t * per + c->m.first_diff % per;
+        c.m.first_diff = t * per + c.m.first_diff % per;
     }
-    c->pass = td_metrics_pass(&c->m, expect, c->bound);
-    snprintf(c->message, sizeof c->message,
+    c.pass = td_metrics_pass(&c.m, expect, c.bound);
+    snprintf(c.message, sizeof c.message,
              "judged on %lld of %lld tokens: %lld route differently (%s); all tokens: rel_l2 %.3e, max |a-b| %.3e",
-             (long long)kept, (long long)M, (long long)(M - kept), keep->routes_tap, c->rel_l2_all, max_abs_all);
-    return TD_OK;
+             (long long)kept, (long long)M, (long long)(M - kept), keep->routes_tap, c.rel_l2_all, max_abs_all);
+    return push_check(A, &c, err);
 }
 
 /* The output tap of the audited block on layer L: L{l}.{block}.out (moe.out, attn.out, gdn.out). */
@@ -505,7 +506,7 @@ static void block_out_tap(char *name, size_t cap, int64_t layer, td_block b)
 
 /* The taps of one run that the routes check reads, or NULL when the run lacks them (M tokens,
  * E experts, top-k). */
-static void route_taps(const td_taps *t, int64_t layer, int64_t M, int64_t E, int64_t k, const int32_t **ids,
+static void find_route_taps(const td_taps *t, int64_t layer, int64_t M, int64_t E, int64_t k, const int32_t **ids,
                        const float **logits)
 {
     char n1[TD_TAP_NAME_MAX], n2[TD_TAP_NAME_MAX];
@@ -537,28 +538,39 @@ static const char *side_fault(const td_route_side *s, char *buf, size_t cap)
     return buf;
 }
 
-/* The routes check of a bounded pair (L{l}.moe.routes): metrics as docs/audit-layer.md says;
+/* The routes check of a bounded pair (L{l}.moe.routes) from the two runs' taps ta and tb, into c
+ * (not appended): metrics as docs/audit-layer.md says, recorded only when a side lacks the taps;
  * fills *keep when the route-dependent tensors are to be judged on the agreeing tokens. */
-static td_status add_routes(audit *A, int pair, const char *la, const char *lb, int64_t layer, int64_t M,
-                            const int32_t *ia, const float *lga, const int32_t *ib, const float *lgb, double bound,
-                            route_keep *keep, char *tap, size_t tap_cap, td_err *err)
+static td_status routes_check(audit *A, int pair, const char *la, const char *lb, int64_t layer, int64_t M,
+                              const td_taps *ta, const td_taps *tb, double bound, td_layer_check *c, route_keep *keep,
+                              td_err *err)
 {
     const int64_t E = A->model.num_experts, k = A->model.top_k;
+    char tap[TD_TAP_NAME_MAX];
+    td_tap_name(tap, sizeof tap, layer, "moe.routes");
+    check_init(c, "pair", pair, la, lb, tap, TD_EXPECT_BOUNDED, bound);
+    keep->mask = NULL;
+    keep->M = M;
+    keep->routes_tap = c->tap;
+    const int32_t *ia, *ib;
+    const float *lga, *lgb;
+    find_route_taps(ta, layer, M, E, k, &ia, &lga);
+    find_route_taps(tb, layer, M, E, k, &ib, &lgb);
+    if (!ia || !lga || !ib || !lgb) { /* an engine that did not capture them: recorded, not judged */
+        td_metrics_i32(NULL, NULL, 0, &c->m);
+        c->m.numel = M;
+        c->m.exact = false;
+        c->pass = true;
+        snprintf(c->message, sizeof c->message,
+                 "routes not compared: %s did not capture moe.topk and moe.router_logits of %lld tokens",
+                 !(ia && lga) ? la : lb, (long long)M);
+        return TD_OK;
+    }
     if (!reserve((void **)&A->mask, &A->cap_m, (size_t)M, 1))
         return td_err_set(err, TD_ERR_NOMEM, "audit layer: out of memory");
     td_route_cmp r;
     td_status st = td_route_compare(ia, lga, ib, lgb, M, E, k, A->mask, &r, err);
     if (st) return st;
-    td_layer_check *c = new_check(A, err);
-    if (!c) return TD_ERR_NOMEM;
-    snprintf(c->kind, sizeof c->kind, "pair");
-    c->pair = pair;
-    snprintf(c->a, sizeof c->a, "%s", la);
-    snprintf(c->b, sizeof c->b, "%s", lb);
-    td_tap_name(tap, tap_cap, layer, "moe.routes");
-    snprintf(c->tap, sizeof c->tap, "%s", tap);
-    c->expect = TD_EXPECT_BOUNDED;
-    c->bound = bound;
     td_metrics_f32(lga, lgb, M * E, TD_F32, &c->m); /* rel_l2, nmse, cosine, max_ulp, finite: the logits' */
     const int64_t differ = r.flipped + r.reordered;
     c->m.numel = M;
@@ -594,15 +606,13 @@ static td_status add_routes(audit *A, int pair, const char *la, const char *lb, 
                  "%lld of %lld tokens have the same experts in another order; both sides' top-k follow their logits",
                  (long long)r.reordered, (long long)M);
     }
-    keep->mask = c->pass && differ ? A->mask : NULL;
-    keep->M = M;
-    keep->routes_tap = tap;
+    if (c->pass && differ) keep->mask = A->mask;
     return TD_OK;
 }
 
 /* Block output and every tap asked for that both runs captured. A bounded pair of a moe block
- * with the engines' own routes (routes) also gets the routes check, and its route-dependent
- * tensors are judged on the tokens whose routes agree when the routes check passes. */
+ * with the engines' own routes (routes) also gets the routes check, after the block output, and
+ * its route-dependent tensors are judged on the tokens whose routes agree when it passes. */
 static td_status compare_runs(audit *A, const char *kind, int pair, const char *la, const char *lb, const slot *sa,
                               int ra, const slot *sb, int rb, int64_t layer, int64_t M, td_expect expect, double bound,
                               bool routes, td_err *err)
@@ -613,45 +623,13 @@ static td_status compare_runs(audit *A, const char *kind, int pair, const char *
     const int64_t n = M * A->model.hidden;
     const td_taps *ta = sa->taps[ra], *tb = sb->taps[rb];
     route_keep keep = {NULL, M, ""};
-    char routes_tap[TD_TAP_NAME_MAX] = "";
-    const int32_t *ia = NULL, *ib = NULL;
-    const float *lga = NULL, *lgb = NULL;
+    td_layer_check rc;
     const bool check_routes = routes && expect == TD_EXPECT_BOUNDED && A->o->block == TD_BLOCK_MOE;
-    if (check_routes) {
-        route_taps(ta, layer, M, A->model.num_experts, A->model.top_k, &ia, &lga);
-        route_taps(tb, layer, M, A->model.num_experts, A->model.top_k, &ib, &lgb);
-    }
-    const size_t at = A->n_checks;
-    td_status st = TD_OK;
-    if (ia && lga && ib && lgb) {
-        st = add_routes(A, pair, la, lb, layer, M, ia, lga, ib, lgb, bound, &keep, routes_tap, sizeof routes_tap, err);
-    } else if (check_routes) { /* an engine that did not capture them: recorded, not judged */
-        td_layer_check *c = new_check(A, err);
-        if (!c) return TD_ERR_NOMEM;
-        snprintf(c->kind, sizeof c->kind, "pair");
-        c->pair = pair;
-        snprintf(c->a, sizeof c->a, "%s", la);
-        snprintf(c->b, sizeof c->b, "%s", lb);
-        td_tap_name(c->tap, sizeof c->tap, layer, "moe.routes");
-        c->expect = TD_EXPECT_BOUNDED;
-        c->bound = bound;
-        td_metrics_i32(NULL, NULL, 0, &c->m);
-        c->m.numel = M;
-        c->m.exact = false;
-        c->judged = false;
-        c->pass = true;
-        snprintf(c->message, sizeof c->message,
-                 "routes not compared: %s did not capture moe.topk and moe.router_logits of %lld tokens",
-                 !(ia && lga) ? la : lb, (long long)M);
-    }
+    td_status st = check_routes ? routes_check(A, pair, la, lb, layer, M, ta, tb, bound, &rc, &keep, err) : TD_OK;
     if (!st)
         st = add_compare(A, kind, pair, la, lb, out_name, dt, false, sa->out[ra], sb->out[rb], n, n, expect, bound,
                          &keep, err);
-    if (!st && A->n_checks == at + 2) { /* the block output first, then the routes */
-        td_layer_check t = A->checks[at];
-        A->checks[at] = A->checks[at + 1];
-        A->checks[at + 1] = t;
-    }
+    if (!st && check_routes) st = push_check(A, &rc, err);
     for (size_t i = 0; i < td_taps_count(ta) && !st; i++) {
         const td_tap *x = td_taps_at(ta, i);
         if (!strcmp(x->name, out_name) || !A->want || !td_taps_wants(A->want, x->name)) continue;
@@ -806,20 +784,19 @@ static td_status do_row(audit *A, int64_t layer, int64_t rank, int64_t M, double
             td_err e2;
             td_err_clear(&e2);
             td_status rs = run_slot(A, s, 0, &call, &e2);
-            td_layer_check *c = new_check(A, err);
-            if (!c) return TD_ERR_NOMEM;
-            snprintf(c->kind, sizeof c->kind, "reject");
-            snprintf(c->a, sizeof c->a, "%s", s->label);
-            snprintf(c->b, sizeof c->b, "%s", s->label);
-            block_out_tap(c->tap, sizeof c->tap, layer, o->block);
-            c->expect = TD_EXPECT_EXACT;
-            td_metrics_f32(NULL, NULL, 0, TD_F32, &c->m);
-            c->judged = true;
-            c->pass = rs == TD_ERR_RANGE;
-            c->m.exact = c->pass;
-            if (rs == TD_OK) snprintf(c->message, sizeof c->message, "invalid route ids were accepted");
-            else snprintf(c->message, sizeof c->message, "%.250s", e2.msg);
+            char tap[TD_TAP_NAME_MAX];
+            block_out_tap(tap, sizeof tap, layer, o->block);
+            td_layer_check c;
+            check_init(&c, "reject", -1, s->label, s->label, tap, TD_EXPECT_EXACT, (double)NAN);
+            td_metrics_f32(NULL, NULL, 0, TD_F32, &c.m);
+            c.judged = true;
+            c.pass = rs == TD_ERR_RANGE;
+            c.m.exact = c.pass;
+            if (rs == TD_OK) snprintf(c.message, sizeof c.message, "invalid route ids were accepted");
+            else snprintf(c.message, sizeof c.message, "%.250s", e2.msg);
+            st = push_check(A, &c, err);
         }
+        if (st) return st;
     } else {
         for (size_t d = 0; d < n_distinct && !st; d++) {
             slot *s = &A->slots[distinct[d]];
@@ -916,13 +893,13 @@ td_status td_layer_audit_run(const td_layer_audit_opts *o, const td_layer_sink *
     td_status st = TD_OK;
     /* the taps asked for, then (moe) the routes' own: the routes check reads each side's top-k
      * and router logits whether or not they are asked for; only the asked-for taps are compared */
-    static const char *const route_taps[] = {"moe.topk", "moe.router_logits"};
-    const size_t n_own = o->block == TD_BLOCK_MOE ? TD_ARRAY_LEN(route_taps) : 0;
+    static const char *const own_taps[] = {"moe.topk", "moe.router_logits"};
+    const size_t n_own = o->block == TD_BLOCK_MOE ? TD_ARRAY_LEN(own_taps) : 0;
     A.n_patterns = o->n_taps + n_own;
     if (A.n_patterns) {
         A.tap_patterns = calloc(A.n_patterns, sizeof *A.tap_patterns);
         for (size_t i = 0; A.tap_patterns && i < A.n_patterns; i++) {
-            const char *suffix = i < o->n_taps ? o->taps[i] : route_taps[i - o->n_taps];
+            const char *suffix = i < o->n_taps ? o->taps[i] : own_taps[i - o->n_taps];
             size_t l = strlen(suffix) + 4;
             A.tap_patterns[i] = malloc(l);
             if (!A.tap_patterns[i]) break;
