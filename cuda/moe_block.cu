@@ -23,15 +23,6 @@ static void mm_groups(const cu_block_shape *sh, const cu_qmat *w13, const cu_qma
     }
 }
 
-/* Range groups over M tokens on matrix 0 (shared expert, router): packs of cu_mm_pack(M), so
- * decode-sized calls get 8-token groups, one tile each. */
-static void mm_range_groups(cu_mm_call *m, int64_t M)
-{
-    m->nslots = M;
-    m->pack = cu_mm_pack(M);
-    m->max_groups = (M + m->pack - 1) / m->pack;
-}
-
 /* The calls of W13 + SwiGLU (m13) then W2 (m2) of one rank on the tensor-core path, both
  * written as 16-bit patterns only (act16, y16); mm_expert launches them. ids == NULL with
  * pack > 1: range groups over the tokens (shared expert).
@@ -52,7 +43,7 @@ static void mm_expert_calls(const cu_block_shape *sh, const cu_block_ws *ws, con
         mm_groups(sh, w13, w2, ws, &m, grouped, Mc);
         m.in_div = k;
     } else {
-        mm_range_groups(&m, Mc);
+        cu_mm_range_groups(&m, Mc);
         m.in_div = 1;
     }
     m.in16 = ws->xa16;
@@ -231,7 +222,7 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
     if (router_mm) {
         rm.W = ly->router_q;
         rm.mats_per_expert = 1;
-        mm_range_groups(&rm, Mc);
+        cu_mm_range_groups(&rm, Mc);
         rm.in16 = c->xa16;
         rm.in_ld = H;
         rm.in_div = 1;

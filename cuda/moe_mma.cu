@@ -2264,6 +2264,13 @@ td_status cu_mm_init(td_err *err)
 
 int64_t cu_mm_pack(int64_t nslots) { return td_pack_of(nslots); }
 
+void cu_mm_range_groups(cu_mm_call *c, int64_t M)
+{
+    c->nslots = M;
+    c->pack = cu_mm_pack(M);
+    c->max_groups = (M + c->pack - 1) / c->pack;
+}
+
 int64_t cu_mm_group_pack(int64_t nslots, int64_t tokens, const cu_qmat *w13, const cu_qmat *w2, int generic)
 {
     const int dec24 = nslots >= TD_GROUP_PREFILL_SLOTS && dec_fits(w13, generic, CU_MM_PACK_DEC) &&
@@ -3081,9 +3088,7 @@ static int round_stage_case(int64_t M, int64_t H, int act, uint64_t seed, int br
         c.W.w = reinterpret_cast<const uint8_t *>(dw);
         c.W.mat_w = R * K * 2;
         c.mats_per_expert = 1;
-        c.nslots = M;
-        c.pack = cu_mm_pack(M);
-        c.max_groups = (M + c.pack - 1) / c.pack;
+        cu_mm_range_groups(&c, M);
         c.in16 = d16;
         c.in_ld = H;
         c.in_div = 1;

@@ -233,6 +233,10 @@ typedef struct cu_mm_call {
 
 td_status cu_mm(const cu_mm_call *c, cudaStream_t s, td_err *err);
 
+/* Range groups over M tokens on matrix 0 (shared expert, router): nslots = M, packs of
+ * cu_mm_pack(M) (decode-sized calls get 8-token groups, one tile each), max_groups to match. */
+void cu_mm_range_groups(cu_mm_call *c, int64_t M);
+
 /* The routed W2 with the combine fused in (k_w2c): for a W2 call of direct dispatch (ids, pack
  * 1, nslots = M * k, 16-bit outputs only) that runs on the decode kernel, one block per token
  * and row tile with one warp per slot computes the k slots' rows exactly as cu_mm does (and
