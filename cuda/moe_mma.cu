@@ -187,7 +187,8 @@ __host__ __device__ __forceinline__ uint32_t e2m1x2_f16(uint32_t w)
  * and one multiplication by (2^6 + 2^2) as in the FP16 decode, register 2 first shifted right
  * by 3 (magnitudes to 6..8, the sign to 11) and then multiplied by (1 + 2^4); the stray copies
  * and their carries stay below the kept bits (checked by td_cuda_nvfp4_layout_check). 10
- * integer instructions per word; e2m1x2_bf16 then scales by 2^112. */
+ * integer instructions per word, taken as they are: the staged inputs carry the power of two
+ * (bf16_row_shift below). */
 #define E2M1_BF16_MASK 0x81C081C0u
 template <int J>
 __host__ __device__ __forceinline__ uint32_t e2m1x2_bf16lin(uint32_t w)
@@ -280,29 +281,100 @@ extern "C" int td_cuda_nvfp4_layout_check(int broken, char *msg, size_t cap)
     return 0;
 }
 
-/* A BF16 pair times 2^112 (BF16 0x7780), one BF16 multiplication: exact for the decode's
- * E2M1 x 2^-126, the 0.5 code's subnormal included (checked on the GPU by
- * td_cuda_nvfp4_bf16_check). */
-__device__ __forceinline__ uint32_t bf16x2_up112(uint32_t w)
+/* ---- BF16 inputs of NVFP4 weights: one power of two per staged row ----
+ * The BF16 placement decodes to e2m1 x 2^-126 (the 0.5 code a BF16 subnormal) and is taken as
+ * it is. Each staged input row j is multiplied by 2^s_j instead, s_j = bf16_row_shift(E_j),
+ * E_j the largest exponent field (bits 7..14) of the row's BF16 values: the largest shift up to
+ * 112 that no value of the row overflows (E + s <= 254; a row with an infinity or a NaN takes
+ * 0), so the multiplication is exact (subnormal inputs included) and, for rows below 2^16, the
+ * products are those of e2m1 x 2^-14 by x. The sums then carry 2^(s_j - 126), which the epilogue
+ * removes with one exact multiplication by 2^(126 - s_j). Every kernel that multiplies NVFP4
+ * weights by BF16 inputs takes them so (stage_x scaling the staged rows, w2c_stage, or the
+ * one-tile decode kernel scaling each lane's B registers: dec_chunk's BSC), so a token's
+ * operands are the same in every kernel and every dispatch: the exact pairs hold by
+ * construction (docs/cuda.md, Numerics). */
+#define XS_ROWS_MAX 32 /* staged rows with a recorded exponent: at most a group's 24 */
+__host__ __device__ __forceinline__ int bf16_row_shift(int emax)
 {
+    const int s = 254 - emax;
+    return s > 112 ? 112 : s < 0 ? 0 : s;
+}
+
+/* the largest exponent field of a pair of BF16 values */
+__device__ __forceinline__ int bf16x2_emax(uint32_t w)
+{
+    const int lo = (int)((w >> 7) & 0xffu), hi = (int)((w >> 23) & 0xffu);
+    return lo > hi ? lo : hi;
+}
+
+__device__ __forceinline__ int bf16x4w_emax(uint4 q)
+{
+    const int a = bf16x2_emax(q.x), b = bf16x2_emax(q.y), c = bf16x2_emax(q.z), d = bf16x2_emax(q.w);
+    const int ab = a > b ? a : b, cd = c > d ? c : d;
+    return ab > cd ? ab : cd;
+}
+
+/* A BF16 pair times 2^s (0 <= s <= 112), one BF16 multiplication (exact where E + s <= 254:
+ * checked on the GPU by td_cuda_bf16_row_scale_check). */
+__device__ __forceinline__ uint32_t bf16x2_pow2(uint32_t w, int s)
+{
+    const uint32_t m = (uint32_t)(s + 127) << 7;
     uint32_t r;
-    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(w), "r"(0x77807780u));
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(w), "r"(m | m << 16));
     return r;
 }
 
-/* Register J of a word in the BF16 placement as BF16 e2m1 x 2^-14: the linear decode times
- * 2^112. */
-template <int J>
-__device__ __forceinline__ uint32_t e2m1x2_bf16(uint32_t w)
+/* The epilogue's factor for a row of largest exponent field emax: 2^(126 - s) as FP32 */
+__device__ __forceinline__ float bf16_row_unscale(int emax)
 {
-    return bf16x2_up112(e2m1x2_bf16lin<J>(w));
+    return __int_as_float((126 - bf16_row_shift(emax) + 127) << 23);
+}
+
+/* The block's per-row exponents of the rows stage_x staged last (BF16 inputs of NVFP4 weights;
+ * k_mm, k_w2c's per-warp rows keep theirs in a register) */
+__device__ __forceinline__ int *xs_emax()
+{
+    __shared__ int e[XS_ROWS_MAX];
+    return e;
+}
+
+/* k_dec's: two buffers by the parity of its stagings, so that a staging clears the next one's
+ * buffer (whose readers finished before this staging's barrier) instead of clearing its own
+ * behind a barrier more */
+__device__ __forceinline__ int *xs_emax2(int parity)
+{
+    __shared__ int e[2][XS_ROWS_MAX];
+    return e[parity & 1];
+}
+
+/* The sums' scaling removed, exactly: per token column for BF16 inputs (2^(126 - s) of the
+ * column's staged row, em: the staging's exponents; columns past count are never stored and take
+ * row count - 1),
+ * 2^14 for FP16 (the codes' 2^-14). Lane (g, q) holds columns 2q (elements 0, 2) and 2q + 1
+ * (1, 3) of each 8-token tile. */
+template <int ACT, int N>
+__device__ __forceinline__ void unscale_sums(float (&v)[N][4], int count, int lane, const int *em)
+{
+#pragma unroll
+    for (int nt = 0; nt < N; nt++) {
+        float f0 = 16384.0f, f1 = 16384.0f;
+        if (ACT == 2) {
+            const int c0 = nt * 8 + 2 * (lane & 3), c1 = c0 + 1;
+            f0 = bf16_row_unscale(em[c0 < count ? c0 : count - 1]);
+            f1 = bf16_row_unscale(em[c1 < count ? c1 : count - 1]);
+        }
+        v[nt][0] = __fmul_rn(v[nt][0], f0);
+        v[nt][1] = __fmul_rn(v[nt][1], f1);
+        v[nt][2] = __fmul_rn(v[nt][2], f0);
+        v[nt][3] = __fmul_rn(v[nt][3], f1);
+    }
 }
 
 /* Register J of a word as the mma's A operand for act_dtype ACT (the matrix's placement). */
 template <int ACT, int J>
 __device__ __forceinline__ uint32_t e2m1x2_act(uint32_t w)
 {
-    return ACT == 1 ? e2m1x2_f16<J>(w) : e2m1x2_bf16<J>(w);
+    return ACT == 1 ? e2m1x2_f16<J>(w) : e2m1x2_bf16lin<J>(w);
 }
 
 template <int ACT>
@@ -404,13 +476,16 @@ __device__ __forceinline__ void store_x4(uint4 q, uint32_t *d, int copy)
  * __syncthreads(). Words 4v .. 4v+3 (v = 4s + m) land at s*16 + i*4 + (m>>1)*2 + (m&1),
  * i = 0..3. The (row, v) pairs of all rows are one index space and each thread issues U
  * loads before it stores any, so staging 16 rows costs a few round trips to memory, not one
- * per row (U: 4 in k_dec, 2 in k_mm, whose weight registers are live meanwhile). The inputs
- * are staged as they are: BF16 inputs are not scaled to meet a weight decode without its
- * multiplication by 2^112 (E2M1 x 2^-126 by x times 2^112), because the tensor cores' sum of the
- * same products then differs in its last bit for some inputs (docs/cuda.md, Numerics). */
-template <bool SPLIT, int U>
+ * per row (U: 4 in k_dec, 2 in k_mm, whose weight registers are live meanwhile). SC (BF16
+ * inputs of NVFP4 weights) 1: each row's largest exponent field goes to em[row] (the caller's
+ * buffer, zero for the staged rows: the warp's lanes of one row combined first, then one
+ * shared-memory maximum), the rows staged as they are (the kernel multiplies them: dec_chunk's
+ * BSC), and em_next (XS_ROWS_MAX entries) is cleared for the next staging; SC 2: into
+ * xs_emax(), cleared behind a barrier, and after another barrier a second pass multiplies each
+ * staged row by 2^bf16_row_shift of it. */
+template <bool SPLIT, int U, int SC = 0>
 __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, int64_t slot0, int count, uint32_t *xs,
-                                        int s0 = 0, int s1 = -1)
+                                        int s0 = 0, int s1 = -1, int *em = nullptr, int *em_next = nullptr)
 {
     /* steps [s0, s1) (s1 < 0: to the end of K) land at step s - s0 */
     const int xs_w = (int)a.geo.xs_w, valid = (int)(a.c.in_cols / 8);
@@ -418,25 +493,65 @@ __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, 
     const int copy = a.xrows * xs_w;
     const int div = (int)a.c.in_div;
     const int total = count * nv, step = (int)blockDim.x;
-    for (int base = threadIdx.x; base < total; base += U * step) {
+    if constexpr (SC == 2) {
+        em = xs_emax();
+        if ((int)threadIdx.x < count) em[threadIdx.x] = 0;
+        __syncthreads();
+    }
+    int emax1 = 0; /* one row: this thread's maximum, combined once at the end */
+    (void)emax1;
+    for (int base = threadIdx.x - (int)(threadIdx.x & 31u); base < total; base += U * step) {
+        /* base: the warp's first index (SC's warp-wide maxima need every lane in the loop) */
         uint4 q4[U];
         uint32_t *dst[U];
+        int jrow[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int idx = base + u * step;
+            const int idx = base + (int)(threadIdx.x & 31u) + u * step;
             q4[u] = make_uint4(0, 0, 0, 0);
             dst[u] = nullptr;
+            jrow[u] = -1;
             if (idx < total) {
                 const int j = idx / nv, v = v0 + (idx - j * nv);
                 const int slot = plist ? plist[j] : (int)slot0 + j;
                 if (v < valid)
                     q4[u] = __ldg(reinterpret_cast<const uint4 *>(a.c.in16 + (int64_t)(slot / div) * a.c.in_ld) + v);
                 dst[u] = xs + j * xs_w + xs_word(v, s0);
+                jrow[u] = j;
             }
         }
 #pragma unroll
-        for (int u = 0; u < U; u++)
+        for (int u = 0; u < U; u++) {
             if (dst[u]) store_x4<SPLIT>(q4[u], dst[u], copy);
+            if constexpr (SC != 0) {
+                if (count == 1) { /* (uniform) */
+                    const int e = bf16x4w_emax(q4[u]);
+                    emax1 = e > emax1 ? e : emax1;
+                } else {
+                    const unsigned same = __match_any_sync(0xffffffffu, jrow[u]);
+                    const int e = (int)__reduce_max_sync(same, (unsigned)bf16x4w_emax(q4[u]));
+                    if (jrow[u] >= 0 && (threadIdx.x & 31u) == (unsigned)(__ffs(same) - 1)) atomicMax(&em[jrow[u]], e);
+                }
+            }
+        }
+    }
+    if constexpr (SC != 0) {
+        if (count == 1) {
+            emax1 = (int)__reduce_max_sync(0xffffffffu, (unsigned)emax1);
+            if ((threadIdx.x & 31u) == 0) atomicMax(&em[0], emax1);
+        }
+    }
+    if constexpr (SC == 1) /* the next staging's buffer (its readers are done: dec_sc) */
+        if (threadIdx.x < XS_ROWS_MAX) em_next[threadIdx.x] = 0;
+    if constexpr (SC == 2) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < total; idx += step) {
+            const int j = idx / nv, v = v0 + (idx - j * nv);
+            uint32_t *d = xs + j * xs_w + xs_word(v, s0);
+            const int sh = bf16_row_shift(em[j]);
+#pragma unroll
+            for (int i = 0; i < 4; i++) d[i * 4] = bf16x2_pow2(d[i * 4], sh);
+        }
     }
     __syncthreads();
 }
@@ -578,7 +693,8 @@ __device__ __forceinline__ void mm_compute(const mm_args &a, int64_t mat, int ba
                     A[2] = r.wd[i][b].z;
                     A[3] = r.wd[i][b].w;
                 }
-                /* the 2^-14 of the decoded codes stays in acc; the epilogue scales it back */
+                /* the decode's scaling (2^-14, or the BF16 rows' 2^(s - 126)) stays in acc; the
+                 * epilogue scales it back */
                 const float e_lo = b ? eff_lo.y : eff_lo.x, e_hi = b ? eff_hi.y : eff_hi.x;
                 if (WK < 2) {
 #pragma unroll
@@ -636,7 +752,7 @@ __device__ __forceinline__ void mm_chunk(const mm_args &a, int64_t mat, int64_t 
             /* staged by the round already (cu_mm only passes xst to such calls: BF16 weights,
              * range groups, the chunks on NC warps, K staged whole) */
             if (WK == 2 && a.c.xst) stage_img<SPLIT>(a, slot0, count, xs);
-            else stage_x<SPLIT, 2>(a, plist, slot0, count, xs, s0, s1);
+            else stage_x<SPLIT, 2, WK < 2 && ACT == 2 ? 2 : 0>(a, plist, slot0, count, xs, s0, s1);
         }
         mm_compute<WK, ACT, NT, PF>(a, mat, base, n, count, xs, s0, lane, r, acc);
         if (base + PF >= k1) break;
@@ -865,9 +981,8 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 :
         }
         if (!live) return;
     }
-    if (WK < 2) /* NVFP4 sums carry the decode's 2^-14: scale back exactly */
-        for (int nt = 0; nt < 2; nt++)
-            for (int e = 0; e < 4; e++) v[nt][e] = __fmul_rn(v[nt][e], 16384.0f);
+    if constexpr (WK < 2) /* NVFP4 sums carry the decode's 2^-14 (FP16) or the rows' 2^(s - 126) (BF16) */
+        unscale_sums<ACT>(v, count, lane, ACT == 2 ? xs_emax() : nullptr);
     mm_epilogue<2, ACT>(c, rt, count, plist, slot0, lane, ntn, v);
 }
 
@@ -1440,10 +1555,11 @@ template <int WK, int CH, int DW> struct dec_stream {
 
 /* Partial sums of one chunk (acc from +0) for NT 8-token tiles, from its buffer; B from the
  * staged rows, steps from step0 of the row. */
-template <int WK, int ACT, int CH, int NT>
+template <int WK, int ACT, int CH, int NT, bool BSC = false>
 __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, const uint8_t *buf, const uint32_t *xs,
-                                          int step0, int lane, float acc[DEC_NA][4])
+                                          int step0, int lane, float acc[DEC_NA][4], const int *em = nullptr)
 {
+    static_assert(!BSC || (NT == 1 && ACT == 2), "B scaled in the loop: one tile of BF16 inputs");
     typedef dec_sizes<WK, CH> Z;
     const cu_mm_call &c = a.c;
     const int g = lane >> 2, q = lane & 3;
@@ -1459,6 +1575,10 @@ __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, co
     }
     float2 glob = make_float2(0.f, 0.f);
     if (WK == 1) glob = c.W.g[p.mat];
+    /* BSC: the rows were staged as they are (stage_x SC 1); this lane's B column g is multiplied
+     * by its row's 2^s here, the same exact products as staging them scaled (SC 2) */
+    int bsh = 0;
+    if constexpr (BSC) bsh = bf16_row_shift(em[g < p.count ? g : p.count - 1]);
 #pragma unroll
     for (int nt = 0; nt < DEC_NA; nt++)
 #pragma unroll
@@ -1469,6 +1589,12 @@ __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, co
         uint4 Bs[NT];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) Bs[nt] = xrow[nt][i * 4];
+        if constexpr (BSC) {
+            Bs[0].x = bf16x2_pow2(Bs[0].x, bsh);
+            Bs[0].y = bf16x2_pow2(Bs[0].y, bsh);
+            Bs[0].z = bf16x2_pow2(Bs[0].z, bsh);
+            Bs[0].w = bf16x2_pow2(Bs[0].w, bsh);
+        }
         float2 eff_lo, eff_hi;
         if (WK == 0) {
             const uint2 sv = reinterpret_cast<const uint2 *>(buf + Z::w)[i * 8 + g];
@@ -1589,14 +1715,23 @@ __device__ __forceinline__ void dec_range_cost(const cu_mm_call &c, int tbx, int
  * dropped). */
 template <int WK, int ACT, int CH, int NT>
 __device__ __forceinline__ void dec_chunk_n(const mm_args &a, const dec_pos &p, const uint8_t *buf, const uint32_t *xs,
-                                            int step0, int lane, float acc[DEC_NA][4])
+                                            int step0, int lane, float acc[DEC_NA][4], const int *em)
 {
     if (NT >= 2 && p.count <= 8)
         dec_chunk<WK, ACT, CH, 1>(a, p, buf, xs, step0, lane, acc);
     else if (NT == 3 && p.count <= 16)
         dec_chunk<WK, ACT, CH, 2>(a, p, buf, xs, step0, lane, acc);
     else
-        dec_chunk<WK, ACT, CH, NT>(a, p, buf, xs, step0, lane, acc);
+        dec_chunk<WK, ACT, CH, NT, NT == 1 && ACT == 2>(a, p, buf, xs, step0, lane, acc, em);
+}
+
+/* stage_x's SC for the decode kernel with NT tiles: BF16 rows of one-tile launches are scaled in
+ * the chunk loop (dec_chunk's BSC: a lane's one B column, four multiplications per step), those
+ * of more tiles in the staging (their multiplications would repeat per tile) */
+template <int ACT, int NT>
+__host__ __device__ constexpr int dec_sc()
+{
+    return ACT != 2 ? 0 : NT == 1 ? 1 : 2;
 }
 
 /* Items of a call with equal-count ranges: groups x tbx. */
@@ -1615,7 +1750,7 @@ __device__ __forceinline__ int dec_items(const cu_mm_call &c, int tbx)
  * 2^14 and stores the epilogue. The same sums in the same order, so the same bits. */
 template <int WK, int ACT, int CH, int EPI>
 __device__ __forceinline__ void dec_tail_run(const mm_args &a, int tbx, const td_dec_split &tail, uint4 *sh,
-                                             uint32_t bar_s, uint32_t *xs, int slot, uint32_t phases)
+                                             uint32_t bar_s, uint32_t *xs, int slot, uint32_t phases, int stg)
 {
     typedef dec_sizes<WK, CH> Z;
     constexpr int DW = dec_occupancy<1>::warps;
@@ -1639,11 +1774,12 @@ __device__ __forceinline__ void dec_tail_run(const mm_args &a, int tbx, const td
         dec_issue<WK, CH>(gw + (int64_t)ch * Z::w, gs + (int64_t)ch * Z::s, buf_s, bar, lane);
     }
     __syncthreads(); /* every warp is done with the staged rows of its last item */
-    stage_x<false, 4>(a, p.plist, p.slot0, p.count, xs);
+    /* stg: this staging's parity (the walk's last cleared its buffer) */
+    stage_x<false, 4, dec_sc<ACT, 1>()>(a, p.plist, p.slot0, p.count, xs, 0, -1, xs_emax2(stg), xs_emax2(stg + 1));
     float part[DEC_NA][4];
     if (live) {
         cu_mbar_wait(bar, phases >> slot & 1u);
-        dec_chunk_n<WK, ACT, CH, 1>(a, p, buf, xs, ch * CH, lane, part);
+        dec_chunk_n<WK, ACT, CH, 1>(a, p, buf, xs, ch * CH, lane, part, xs_emax2(stg));
         __syncwarp(); /* every lane is done with the chunk before the partials overwrite it */
         reinterpret_cast<float4 *>(buf)[lane] = make_float4(part[0][0], part[0][1], part[0][2], part[0][3]);
     }
@@ -1662,8 +1798,7 @@ __device__ __forceinline__ void dec_tail_run(const mm_args &a, int tbx, const td
         v[0][2] = __fadd_rn(v[0][2], q.z);
         v[0][3] = __fadd_rn(v[0][3], q.w);
     }
-#pragma unroll
-    for (int e = 0; e < 4; e++) v[0][e] = __fmul_rn(v[0][e], 16384.0f); /* the codes' 2^-14 */
+    unscale_sums<ACT>(v, p.count, lane, ACT == 2 ? xs_emax2(stg) : nullptr);
     mm_epilogue<1, ACT, EPI>(c, rt, p.count, p.plist, p.slot0, lane, 1, v);
 }
 
@@ -1706,7 +1841,15 @@ __global__ void __launch_bounds__(DW * 32, dec_blocks(NT, DW)) k_dec(mm_args a, 
     if (it0 >= it1) return;
     if (lane < DEC_STAGES) cu_mbar_init(&bar[lane]);
     cu_mbar_init_fence();
-    __syncwarp();
+    /* BF16 rows of one tile: the first staging's exponent buffer cleared (stage_x SC 1) */
+    constexpr int SC = dec_sc<ACT, NT>();
+    if constexpr (SC == 1) {
+        if (threadIdx.x < XS_ROWS_MAX) xs_emax2(0)[threadIdx.x] = 0;
+        __syncthreads();
+    } else {
+        __syncwarp();
+    }
+    int stg = 0; /* stagings so far: the parity of xs_emax2 */
     dec_pos cur;
     cur.g = it0 / tbx;
     cur.tb = it0 - cur.g * tbx;
@@ -1720,7 +1863,7 @@ __global__ void __launch_bounds__(DW * 32, dec_blocks(NT, DW)) k_dec(mm_args a, 
     for (int st = 0; st < DEC_STAGES && is.more(); st++)
         is.issue(a, tbx, warp, lane, ring_s + st * Z::chunk, bar_s + st * 8);
     if (early) cu_pdl_wait();
-    stage_x<false, 4>(a, cur.plist, cur.slot0, cur.count, xs);
+    stage_x<false, 4, SC>(a, cur.plist, cur.slot0, cur.count, xs, 0, -1, xs_emax2(0), xs_emax2(1));
     int slot = 0;
     uint32_t phases = 0; /* bit s: the phase buffer s waits for next */
     for (int it = it0; it < it1; it++) {
@@ -1740,7 +1883,7 @@ __global__ void __launch_bounds__(DW * 32, dec_blocks(NT, DW)) k_dec(mm_args a, 
                 cu_mbar_wait(bar_s + slot * 8, phases >> slot & 1u);
                 phases ^= 1u << slot;
                 float p[DEC_NA][4];
-                dec_chunk_n<WK, ACT, CH, NT>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);
+                dec_chunk_n<WK, ACT, CH, NT>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p, xs_emax2(stg));
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -1752,10 +1895,7 @@ __global__ void __launch_bounds__(DW * 32, dec_blocks(NT, DW)) k_dec(mm_args a, 
             slot = slot + 1 == DEC_STAGES ? 0 : slot + 1;
         }
         if (live) {
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) v[nt][e] = __fmul_rn(v[nt][e], 16384.0f); /* the codes' 2^-14 */
+            unscale_sums<ACT>(v, cur.count, lane, SC == 1 ? xs_emax2(stg) : SC == 2 ? xs_emax() : nullptr);
             const int ntn = (cur.count + 7) / 8;
             mm_epilogue<NT, ACT, EPI>(c, rt, cur.count, cur.plist, cur.slot0, lane, ntn < NT ? ntn : NT, v);
         }
@@ -1763,12 +1903,13 @@ __global__ void __launch_bounds__(DW * 32, dec_blocks(NT, DW)) k_dec(mm_args a, 
             const dec_pos nxt = dec_next(a, cur, tbx);
             if (nxt.g != cur.g) { /* the same for every thread: a uniform branch */
                 __syncthreads(); /* every warp is done with the staged rows */
-                stage_x<false, 4>(a, nxt.plist, nxt.slot0, nxt.count, xs);
+                stg++;
+                stage_x<false, 4, SC>(a, nxt.plist, nxt.slot0, nxt.count, xs, 0, -1, xs_emax2(stg), xs_emax2(stg + 1));
             }
             cur = nxt;
         }
     }
-    if (TAIL && tail.tail_n > 0) dec_tail_run<WK, ACT, CH, EPI>(a, tbx, tail, dec_sh, bar_s, xs, slot, phases);
+    if (TAIL && tail.tail_n > 0) dec_tail_run<WK, ACT, CH, EPI>(a, tbx, tail, dec_sh, bar_s, xs, slot, phases, stg + 1);
 }
 
 /* ==== the routed W2 with the combine fused in (k_w2c) ==================================== */
@@ -1777,11 +1918,15 @@ __global__ void __launch_bounds__(DW * 32, dec_blocks(NT, DW)) k_dec(mm_args a, 
  * own loop: with stage_x's block-wide index arithmetic, a division and a destination pointer
  * per load, k_w2c's routed part at M = 1 took 21.79-21.86 us against 21.22-21.44): 16
  * bytes per lane, a lane's loads of a round issued before its stores; columns at or beyond
- * in_cols become 0. Ends with __syncwarp(). */
-__device__ __forceinline__ void w2c_stage(const mm_args &a, int64_t slot, uint32_t *xs, int lane)
+ * in_cols become 0. BF16 inputs (ACT 2): the row's largest exponent field by a warp maximum,
+ * then the row multiplied by 2^bf16_row_shift of it, as stage_x does; returns that field
+ * (0 for FP16). Ends with __syncwarp(). */
+template <int ACT>
+__device__ __forceinline__ int w2c_stage(const mm_args &a, int64_t slot, uint32_t *xs, int lane)
 {
     const int valid = (int)(a.c.in_cols / 8), nv = (int)(a.c.W.K / 8);
     const uint4 *src = reinterpret_cast<const uint4 *>(a.c.in16 + (slot / a.c.in_div) * a.c.in_ld);
+    int emax = 0;
     for (int base = lane; base < nv; base += 4 * 32) {
         uint4 q4[4];
 #pragma unroll
@@ -1792,10 +1937,27 @@ __device__ __forceinline__ void w2c_stage(const mm_args &a, int64_t slot, uint32
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const int v = base + u * 32;
-            if (v < nv) store_x4<false>(q4[u], xs + xs_word(v, 0), 0);
+            if (v < nv) {
+                store_x4<false>(q4[u], xs + xs_word(v, 0), 0);
+                if (ACT == 2) {
+                    const int e = bf16x4w_emax(q4[u]);
+                    emax = e > emax ? e : emax;
+                }
+            }
+        }
+    }
+    if constexpr (ACT == 2) {
+        emax = (int)__reduce_max_sync(0xffffffffu, (unsigned)emax);
+        const int sh = bf16_row_shift(emax);
+        __syncwarp(); /* every lane's stores are done before the lanes rescale them */
+        for (int v = lane; v < nv; v += 32) {
+            uint32_t *d = xs + xs_word(v, 0);
+#pragma unroll
+            for (int i = 0; i < 4; i++) d[i * 4] = bf16x2_pow2(d[i * 4], sh);
         }
     }
     __syncwarp();
+    return emax;
 }
 
 /* A warp's issue cursor in k_w2c: chunk ch of item it (token it / RT, row tile it % RT), the
@@ -1880,7 +2042,7 @@ __global__ void __launch_bounds__(W2C_MAX_K * 32, 2) k_w2c(mm_args a, cu_w2c_arg
     cur.slot0 = 0;
     cur.plist = nullptr;
     cur.mat = 0;
-    int t_staged = -1, slot = 0;
+    int t_staged = -1, slot = 0, row_e = 0;
     uint32_t phases = 0;
     float sg = 0.0f;
     for (int it = it0; it < it1; it++) {
@@ -1889,7 +2051,7 @@ __global__ void __launch_bounds__(W2C_MAX_K * 32, 2) k_w2c(mm_args a, cu_w2c_arg
         if (t != t_staged) { /* every lane is done with the staged row: the chunk loop ends with __syncwarp */
             t_staged = t;
             cur.mat = (int64_t)c.ids[myslot] * c.mats_per_expert + c.mat_off;
-            w2c_stage(a, myslot, xs, lane);
+            row_e = w2c_stage<ACT>(a, myslot, xs, lane);
             if (warp == 0) {
                 if (lane < k) wk[lane] = cb.wts[(int64_t)t * k + lane];
                 if (cb.sgdot) sg = cu_combine_gate(cb.sgdot[(int64_t)t * cb.sg_ld]);
@@ -1916,8 +2078,7 @@ __global__ void __launch_bounds__(W2C_MAX_K * 32, 2) k_w2c(mm_args a, cu_w2c_arg
             if (is.it < it1) is.issue<CH>(a, k, RT, warp, lane, ring_s + slot * Z::chunk, bar_s + slot * 8);
             slot = slot + 1 == DEC_STAGES ? 0 : slot + 1;
         }
-#pragma unroll
-        for (int e = 0; e < 4; e++) v[0][e] = __fmul_rn(v[0][e], 16384.0f); /* the codes' 2^-14 */
+        unscale_sums<ACT>(v, 1, lane, &row_e); /* one row: the warp's slot */
         mm_epilogue<1, ACT, CU_MM_STORE>(c, rt, 1, nullptr, myslot, lane, 1, v);
         /* token column 0 of the tile: lane (g, q = 0) holds rows g (v[0][0]) and g + 8 (v[0][2]) */
         const int par = (it - it0) & 1;
@@ -3168,10 +3329,10 @@ __global__ void k_bf16_decode_check(const uint32_t *words, const uint8_t *dsel, 
     if (i >= n) return;
     const uint32_t w = words[i];
     switch (dsel[i]) {
-    case 0: out[i] = e2m1x2_bf16<0>(w); break;
-    case 1: out[i] = e2m1x2_bf16<1>(w); break;
-    case 2: out[i] = e2m1x2_bf16<2>(w); break;
-    default: out[i] = e2m1x2_bf16<3>(w); break;
+    case 0: out[i] = e2m1x2_act<2, 0>(w); break;
+    case 1: out[i] = e2m1x2_act<2, 1>(w); break;
+    case 2: out[i] = e2m1x2_act<2, 2>(w); break;
+    default: out[i] = e2m1x2_act<2, 3>(w); break;
     }
 }
 
@@ -3209,10 +3370,10 @@ extern "C" int td_cuda_nvfp4_bf16_check(int broken, char *msg, size_t cap)
     for (int i = 0; i < n; i++)
         for (int h = 0; h < 2; h++) {
             const uint8_t code = codes[2 * i + h];
-            const uint16_t want = td_f32_to_bf16(td_e2m1_to_f32(code) * 0x1p-14f), got = (uint16_t)(ho[i] >> (16 * h));
+            const uint16_t want = td_f32_to_bf16(td_e2m1_to_f32(code) * 0x1p-126f), got = (uint16_t)(ho[i] >> (16 * h));
             if (got != want) {
                 snprintf(msg, cap,
-                         "register %d, %s half: code %d decodes to BF16 0x%04x (%g), expected 0x%04x (%g x 2^-14; "
+                         "register %d, %s half: code %d decodes to BF16 0x%04x (%g), expected 0x%04x (%g x 2^-126; "
                          "word 0x%08x)",
                          i / per, h ? "high" : "low", code, got, (double)td_bf16_to_f32(got), want,
                          (double)td_e2m1_to_f32(code), hw[i]);
@@ -3230,6 +3391,90 @@ done:
     free(ho);
     free(hsel);
     free(codes);
+    return rc;
+}
+
+/* ---- td_cuda_bf16_row_scale_check: the staging's multiplication of BF16 inputs by 2^s ---- */
+
+__global__ void k_bf16_scale_check(const int *shifts, int ns, uint32_t *out)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x; /* one pair of BF16 patterns per thread */
+    if (i >= 32768 * ns) return;
+    const int p = i % 32768, s = shifts[i / 32768];
+    const uint32_t w = (uint32_t)(2 * p) | (uint32_t)(2 * p + 1) << 16;
+    out[i] = bf16x2_pow2(w, s);
+}
+
+__global__ void k_bf16_shift_check(int *out)
+{
+    const int e = threadIdx.x; /* every exponent field */
+    if (e < 256) {
+        out[e] = bf16_row_shift(e);
+        out[256 + e] = __float_as_int(bf16_row_unscale(e));
+    }
+}
+
+extern "C" int td_cuda_bf16_row_scale_check(int broken, char *msg, size_t cap)
+{
+    if (!check_device(msg, cap)) return -1;
+    static const int shifts[] = {0, 1, 7, 8, 64, 111, 112};
+    const int ns = (int)(sizeof shifts / sizeof shifts[0]), n = 32768 * ns;
+    uint32_t *ho = (uint32_t *)malloc((size_t)n * 4);
+    int hsh[512];
+    int *dsh = NULL, *dsf = NULL;
+    uint32_t *dout = NULL;
+    int rc = -1;
+    if (!ho || cudaMalloc(&dsh, sizeof shifts) || cudaMalloc(&dsf, sizeof hsh) || cudaMalloc(&dout, (size_t)n * 4) ||
+        cudaMemcpy(dsh, shifts, sizeof shifts, cudaMemcpyHostToDevice) || cudaMemset(dout, 0xFF, (size_t)n * 4) ||
+        cudaMemset(dsf, 0xFF, sizeof hsh))
+        goto done;
+    k_bf16_scale_check<<<(n + 255) / 256, 256>>>(dsh, ns, dout);
+    k_bf16_shift_check<<<1, 256>>>(dsf);
+    if (cudaGetLastError() || cudaDeviceSynchronize() || cudaMemcpy(ho, dout, (size_t)n * 4, cudaMemcpyDeviceToHost) ||
+        cudaMemcpy(hsh, dsf, sizeof hsh, cudaMemcpyDeviceToHost))
+        goto done;
+    rc = 1;
+    /* the shift: the largest s <= 112 with e + s <= 254 (0 for infinities and NaNs), and the
+     * epilogue's factor 2^(126 - s) as FP32 bits */
+    for (int e = 0; e < 256; e++) {
+        int want = 254 - e > 112 ? 112 : 254 - e;
+        if (want < 0) want = 0;
+        if (broken == 2 && e == 200) want++;
+        const int got_s = hsh[e];
+        float got_f;
+        memcpy(&got_f, &hsh[256 + e], 4);
+        if (got_s != want || got_f != ldexpf(1.0f, 126 - want)) {
+            snprintf(msg, cap, "row shift of exponent field %d: %d (factor %g), expected %d (2^%d)", e, got_s,
+                     (double)got_f, want, 126 - want);
+            goto done;
+        }
+    }
+    /* every BF16 pattern times each shift, wherever the product is finite in BF16 (e + s <= 254):
+     * the host's exact product (float holds it: 8 significant bits between 2^-133 and 2^128),
+     * infinities and signed zeros kept, a NaN any NaN */
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < 2; h++) {
+            const int s = shifts[i / 32768], pat = 2 * (i % 32768) + h;
+            const int e = (pat >> 7) & 0xff;
+            if (e != 255 && e + s > 254) continue;
+            const float x = td_bf16_to_f32((uint16_t)pat);
+            const uint16_t got = (uint16_t)(ho[i] >> (16 * h));
+            const float gv = td_bf16_to_f32(got);
+            const uint16_t want = isnan(x) ? got : td_f32_to_bf16(ldexpf(x, s + (broken == 1 && s == 7 ? 1 : 0)));
+            if ((isnan(x) && !isnan(gv)) || got != want) {
+                snprintf(msg, cap, "BF16 0x%04x (%g) x 2^%d gave 0x%04x (%g), expected 0x%04x", pat, (double)x, s, got,
+                         (double)gv, want);
+                goto done;
+            }
+        }
+    snprintf(msg, cap, "ok");
+    rc = 0;
+done:
+    if (rc < 0) snprintf(msg, cap, "CUDA: %s", cudaGetErrorString(cudaGetLastError()));
+    cudaFree(dsh);
+    cudaFree(dsf);
+    cudaFree(dout);
+    free(ho);
     return rc;
 }
 

@@ -23,9 +23,9 @@
  *   - BF16 (act_dtype bf16): (m, s) = (6, 15), (3, 12), (9, 14), (0, 13): bits 6..8 are BF16's
  *     one position where the three magnitude bits read linearly (E2M1 x 2^-126, the 0.5 code a
  *     BF16 subnormal); register 0 in place, register 1 one shift away, register 3 one mask and
- *     one multiplication, register 2 a shift more (10 integer instructions per word), then one
- *     BF16 multiplication by 2^112 per register gives E2M1 x 2^-14, the FP16 path's values.
- *   cuda/nvfp4_layout.h checks both (the BF16 multiplication on the GPU).
+ *     one multiplication, register 2 a shift more (10 integer instructions per word), taken
+ *     as they are (the inputs carry the power of two instead: Numerics).
+ *   cuda/nvfp4_layout.h checks both (the BF16 decode on the GPU as well).
  * - prepared scales: FP16 effective scales [rt][ks][g 0..7][row g, g+8][2 blocks] (lane
  *   group g reads its two rows' four scales with one 8-byte load); raw scales: the
  *   checkpoint's E4M3 bytes in the same order (one 4-byte load), plus one float2 per matrix (decode multipliers of
@@ -36,16 +36,23 @@
  *
  * Numerics (every bit fixed by the inputs; no atomics)
  * - E2M1 codes become FP16 `e2m1 x 2^-14` by bit placement (exact, the 0.5 code is an FP16
- *   subnormal); with BF16 activations BF16 `e2m1 x 2^-14`, the same values, by the BF16
- *   placement and one exact multiplication by 2^112, in every kernel; the inputs are taken
- *   as they are. (Staging the inputs times 2^112 and leaving the weights at `e2m1 x 2^-126`
- *   gives the same products but not always the same tensor-core sums, so it is not done:
- *   docs/cuda.md, Numerics.) `kernels=generic` (k_mm) is the exact pair that checks it.
+ *   subnormal), the FP16 inputs taken as they are. With BF16 activations the codes become BF16
+ *   `e2m1 x 2^-126` (the 0.5 code a BF16 subnormal) and each input row t of a call is taken
+ *   times 2^s_t, s_t = min(112, 254 - E_t) (0 when that is negative), E_t the largest exponent
+ *   field of the row's BF16 values: the largest shift up to 112 under which no value of the row
+ *   overflows, so the multiplication is exact (subnormals included), a function of the row
+ *   alone; for rows below 2^16 the products are those of `e2m1 x 2^-14` by x. Every kernel
+ *   multiplying NVFP4 weights by BF16 inputs represents each token's operands so, whether it
+ *   scales the staged row (k_mm, the decode kernel with two or three 8-token tiles, the fused
+ *   W2) or each lane's B registers as it loads them (the decode kernel with one tile): the
+ *   tensor cores' sum of the same products can depend on how the operands represent them
+ *   (docs/cuda.md, Numerics), so one representation everywhere is what makes the exact pairs
+ *   hold. `kernels=generic` (k_mm) is the exact pair that checks it.
  * - Per 16-column block b of row r and token t: D = tensor-core dot of the 16 products (FP32
  *   accumulation, the hardware's order), then acc = fma(eff(r,b), D, acc) in FP32, blocks
- *   ascending; D and acc carry the codes' 2^-14, which the epilogue removes with one exact
- *   multiplication by 2^14 (the same bits as scaling eff instead, except below FP32's normal
- *   range). eff is the prepared FP16 effective scale; with raw storage it is recomputed in
+ *   ascending; D and acc carry the codes' 2^-14 (FP16) or 2^(s_t - 126) (BF16), which the
+ *   epilogue removes with one exact multiplication by 2^14 or 2^(126 - s_t) (the same bits as
+ *   scaling eff instead, except below FP32's normal range). eff is the prepared FP16 effective scale; with raw storage it is recomputed in
  *   the kernel as FP16_rn(fl32(E4M3(code) x g_dec)) (compressed-tensors: / g_enc), the same
  *   arithmetic as the prepared scales, so raw and prepared give identical bits.
  * - BF16 weights: acc = mma(W, x, acc) per block, blocks ascending; FP16 activations are split

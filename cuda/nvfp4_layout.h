@@ -24,13 +24,22 @@ extern "C" {
 
 int td_cuda_nvfp4_layout_check(int broken, char *msg, size_t cap);
 
-/* The BF16 placement's decode on the GPU (cuda/moe_mma.cu, e2m1x2_bf16: the integer decode
- * to E2M1 x 2^-126 and one BF16 multiplication by 2^112): every code pair of every register,
- * under the same backgrounds as the host check, must give the BF16 bits of E2M1 x 2^-14
- * (core/formats.h's conversion of td_e2m1_to_f32's value; signed zero and the 0.5 code's
- * subnormal included). Returns 0 ("ok"), 1 and the first mismatch, or -1 without a CUDA
- * device. broken = 1 decodes register 2's words with register 3's decode, which must fail. */
+/* The BF16 placement's decode on the GPU (cuda/moe_mma.cu, e2m1x2_act for BF16: the integer
+ * decode to E2M1 x 2^-126, taken as it is): every code pair of every register, under the same
+ * backgrounds as the host check, must give the BF16 bits of E2M1 x 2^-126 (core/formats.h's
+ * conversion of td_e2m1_to_f32's value; signed zero and the 0.5 code's subnormal included).
+ * Returns 0 ("ok"), 1 and the first mismatch, or -1 without a CUDA device. broken = 1 decodes
+ * register 2's words with register 3's decode, which must fail. */
 int td_cuda_nvfp4_bf16_check(int broken, char *msg, size_t cap);
+
+/* The staging of BF16 inputs for NVFP4 weights on the GPU (cuda/moe_mma.cu, bf16_row_shift,
+ * bf16x2_pow2, bf16_row_unscale): the shift of every exponent field (the largest s <= 112 with
+ * e + s <= 254, 0 for infinities and NaNs) and its epilogue factor 2^(126 - s), and every BF16
+ * pattern times 2^s for s in {0, 1, 7, 8, 64, 111, 112} wherever the product is finite, against
+ * the host's exact products (subnormals, signed zeros and infinities included; a NaN any NaN).
+ * Returns as td_cuda_nvfp4_bf16_check; broken = 1 expects 2^8 for the shift 7 and broken = 2 a
+ * shift one too large for field 200, both of which must fail. */
+int td_cuda_bf16_row_scale_check(int broken, char *msg, size_t cap);
 
 /* Check of cu_mm_round_split (cuda/moe_mma.cuh) on the GPU: seeded inputs with edge values
  * (signed zeros, FP16 / BF16 subnormals and overflow, infinities, NaN, rounding ties) at

@@ -55,6 +55,10 @@
 #             copying the staged input (hidden 320 and 2560, 1 to 200 tokens, FP16 and BF16)
 #   sanitize_narrow  memcheck and racecheck of the narrow blocks (W13 and W2 of direct
 #             dispatch at sizes where the rule takes them)
+#   sanitize_bf16  memcheck and racecheck of the kernels that stage BF16 inputs for NVFP4
+#             weights with a power of two per row (the decode kernel direct and grouped, its
+#             tail by chunks, the narrow blocks, the fused W2, k_mm with kernels=generic; the
+#             direct racecheck takes about 7 minutes: run the section alone)
 #   ab        A/B of the bench against a baseline binary build/device/moe_decode_base (built
 #             from another commit, e.g. a git worktree, and carried beside the bundle): fp16
 #             direct and grouped, M = 1..16 and 784 grouped, bf16 grouped M = 1, 16, 784 and
@@ -216,6 +220,14 @@ sanitize_narrow)
   t memcheck_narrow compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --tp 4 --M 2,16 --iters 2 --sets 1 --act fp16
   t memcheck_narrow_raw compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --tp 4 --M 4,16 --iters 2 --sets 1 --act bf16 --storage raw
   t racecheck_narrow compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --hidden 640 --inter 160 --shared 160 --M 16,32 --iters 2 --sets 1 --act fp16 --separate-combine ;;
+sanitize_bf16)
+  t memcheck_bf16 compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,4,5,16,40 --iters 2 --sets 1 --act bf16
+  t memcheck_bf16_generic compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,17 --iters 2 --sets 1 --act bf16 --kernels generic
+  t racecheck_bf16_direct compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,4,9,16,300 --iters 2 --sets 1 --act bf16
+  t racecheck_bf16_generic compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,17,40 --iters 2 --sets 1 --act bf16 --kernels generic --dispatch grouped
+  t racecheck_bf16_tail compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --topk 8 --hidden 640 --inter 320 --shared 160 --M 10,17 --iters 2 --sets 1 --act bf16
+  t racecheck_bf16_w2c compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 640 --shared 160 --M 1,5 --iters 2 --sets 1 --act bf16
+  t racecheck_bf16_narrow compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --hidden 640 --inter 160 --shared 160 --M 16,32 --iters 2 --sets 1 --act bf16 --separate-combine ;;
 ab)
   [ -x $B/moe_decode_base ] || { echo "ab: no $B/moe_decode_base"; exit 2; }
   for run in 1 2; do

@@ -267,7 +267,8 @@ static void compare(const char *dir, const char *rv, const char *cv, double boun
 /* Outputs of variants a and b on the same calls must be identical bits. The calls: for each
  * (M, pattern, seed) of `seq` in order, on engines kept loaded (so graphs are replayed with
  * new inputs and routes). big > 0: every 7th token (from token 3) gets one input of magnitude
- * big (signs alternating), beside inputs of 0.5 x normal. */
+ * big (signs alternating), beside inputs of 0.5 x normal; big < 0: every 5th token (from token
+ * 0) has its inputs multiplied by -big instead. */
 typedef struct exact_call {
     int64_t M;
     int p;
@@ -293,6 +294,9 @@ static void exact_seq(const char *dir, const char *va, const char *vb, int64_t L
         for (size_t i = 0; i < n; i++) x[i] = 0.5f * td_rng_normal_f32(&rng);
         if (seq[si].big > 0)
             for (int64_t t = 3; t < M; t += 7) x[t * H + (t * 131) % H] = (t / 7) % 2 ? -seq[si].big : seq[si].big;
+        if (seq[si].big < 0)
+            for (int64_t t = 0; t < M; t += 5)
+                for (int64_t i = 0; i < H; i++) x[t * H + i] *= -seq[si].big;
         const int p = seq[si].p;
         if (p >= 0) routes(p, M, k, E, ids, w);
         td_block_call ca = {L, TD_BLOCK_MOE, M, x, oa + GUARD, p >= 0 ? ids : NULL, p >= 0 ? w : NULL};
@@ -562,6 +566,10 @@ static void cuda_decode_kernel(void **state)
     seq[n++] = (exact_call){784, 5, 535, 0};
     compare(dir, "ref:scale=fp16,act_dtype=fp16", "cuda:act_dtype=fp16,moe_dispatch=grouped", 4e-3, 0, 784, -1, "dec");
     compare(dir, "ref:scale=fp16,act_dtype=bf16", "cuda:act_dtype=bf16,storage=raw", 3e-2, 0, 4, -1, "dec");
+    /* BF16 rows of 1e9 (staged times 2^97; W2's rows of about 1e18 times 2^67) against ref */
+    compare_s(dir, "ref:scale=fp16,act_dtype=bf16", "cuda:act_dtype=bf16", 3e-2, 0, 8, -1, 1e9f, "dec");
+    compare_s(dir, "ref:scale=fp16,act_dtype=bf16", "cuda:act_dtype=bf16,moe_dispatch=grouped", 3e-2, 0, 300, -1, 1e9f,
+              "dec");
     compare(dir, "ref", "cuda:act_dtype=fp16,tp_size=2,tp_rank=all", 2e-3, 0, 16, -1, "dec");
     static const char *const vs[] = {
         "cuda:act_dtype=fp16",
@@ -574,11 +582,13 @@ static void cuda_decode_kernel(void **state)
         "cuda:act_dtype=bf16,storage=raw,tp_size=2,tp_rank=1",
     };
     exact_vs_generic(dir, vs, TD_ARRAY_LEN(vs), seq, n, "dec");
-    /* BF16 inputs of 7e4 to 3e5 (outlier channels; more than 2^16, so that an input scaled by
-     * 2^112 would overflow: the kernels stage inputs as they are): big tokens in some groups and
-     * not in others, in W13's input and (through the SwiGLU) in W2's. */
-    static const exact_call big[] = {
-        {17, -1, 600, 3e5f}, {8, 5, 601, 7e4f}, {300, -1, 602, 3e5f}, {784, 5, 603, 1e5f}, {5, -1, 604, 0}};
+    /* BF16 inputs of 7e4 to 1e15 (outlier channels; 2^16 and more, so that their rows are staged
+     * times less than 2^112: bf16_row_shift), and tokens scaled to 1e-38 (BF16 subnormals among
+     * normals, staged times 2^112): such tokens in some groups and not in others, in W13's input
+     * and (through the SwiGLU) in W2's. */
+    static const exact_call big[] = {{17, -1, 600, 3e5f},  {8, 5, 601, 7e4f},     {300, -1, 602, 3e5f},
+                                     {784, 5, 603, 1e5f},  {5, -1, 604, 0},       {16, -1, 605, 1e15f},
+                                     {1, -1, 606, -1e-38f}, {33, 5, 607, -1e-38f}, {784, -1, 608, -1e-38f}};
     static const char *const vb[] = {"cuda:act_dtype=bf16", "cuda:act_dtype=bf16,moe_dispatch=grouped",
                                      "cuda:act_dtype=bf16,storage=raw,moe_dispatch=grouped"};
     exact_vs_generic(dir, vb, TD_ARRAY_LEN(vb), big, TD_ARRAY_LEN(big), "big");
@@ -1076,12 +1086,32 @@ static void gpu_check(int (*check)(int, char *, size_t), const char *what, const
     assert_non_null(strstr(msg, caught));
 }
 
-/* The BF16 placement's decode with its BF16 multiplication by 2^112, on the GPU: every code
- * pair of every register to the BF16 bits of e2m1 x 2^-14; a wrong decode must fail. */
+/* Another broken variant of a GPU check (after gpu_check passed): it must fail with a message
+ * containing `caught`. */
+static void gpu_check_broken(int (*check)(int, char *, size_t), int broken, const char *what, const char *caught)
+{
+    char msg[320];
+    assert_int_equal(check(broken, msg, sizeof msg), 1);
+    print_message("  a wrong %s is caught: %s\n", what, msg);
+    assert_non_null(strstr(msg, caught));
+}
+
+/* The BF16 placement's decode on the GPU: every code pair of every register to the BF16 bits
+ * of e2m1 x 2^-126; a wrong decode must fail. */
 static void cuda_nvfp4_bf16_decode(void **state)
 {
     (void)state;
     gpu_check(td_cuda_nvfp4_bf16_check, "BF16 decode", "register 2");
+}
+
+/* The staging's power of two for BF16 inputs on the GPU: the shift of every exponent field and
+ * its epilogue factor, every BF16 pattern times 2^s exactly; a wrong product and a wrong shift
+ * must both fail. */
+static void cuda_bf16_row_scale(void **state)
+{
+    (void)state;
+    gpu_check(td_cuda_bf16_row_scale_check, "BF16 row scale", "x 2^7");
+    gpu_check_broken(td_cuda_bf16_row_scale_check, 2, "row shift", "row shift of exponent field 200");
 }
 
 /* The block's input rounded and laid out for k_wgp in one launch (cu_mm_round_split), on the
@@ -1101,10 +1131,7 @@ static void cuda_round_stage(void **state)
 {
     (void)state;
     gpu_check(td_cuda_round_stage_check, "round + k_mm staged rows", "expected");
-    char msg[320];
-    assert_int_equal(td_cuda_round_stage_check(2, msg, sizeof msg), 1);
-    print_message("  an image k_mm reads off by 16 words is caught: %s\n", msg);
-    assert_non_null(strstr(msg, "from the image"));
+    gpu_check_broken(td_cuda_round_stage_check, 2, "image k_mm reads off by 16 words", "from the image");
 }
 
 /* cu_mm_group's arrays (both grouping kernels) against a host counting sort, element for
@@ -1167,6 +1194,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(cuda_nvfp4_layout),
         cmocka_unit_test(cuda_nvfp4_bf16_decode),
+        cmocka_unit_test(cuda_bf16_row_scale),
         cmocka_unit_test(cuda_round_split),
         cmocka_unit_test(cuda_round_stage),
         cmocka_unit_test(cuda_group_arrays),
