@@ -19,7 +19,7 @@ static const char *const accum_names[] = {"fp32", "fp64"};
 static const char *const scale_names[] = {"exact", "fp16"};
 static const char *const fault_names[] = {"none", "nibble_order", "reciprocal_global",
                                           "gate_up_swap", "no_renorm", "tp_slice",
-                                          "topk_skip"};
+                                          "topk_skip", "no_route_taps"};
 static const char *const kernels_names[] = {"fast", "generic"};
 _Static_assert(TD_ARRAY_LEN(storage_names) == TD_STORAGE_COUNT, "storage names");
 _Static_assert(TD_ARRAY_LEN(dispatch_names) == TD_DISPATCH_COUNT, "dispatch names");

@@ -17,7 +17,8 @@
  *   act_dtype=fp32|fp16|bf16, accum=fp32|fp64, scale=exact|fp16, tp_size=N (1..64),
  *   tp_rank=R|all (0..tp_size-1; `all` = every rank, reduced), graphs=off|on,
  *   threads=N|auto (auto = every online CPU), fault=none|nibble_order|reciprocal_global|
- *   gate_up_swap|no_renorm|tp_slice|topk_skip (a planted bug for audit self-tests; never for results),
+ *   gate_up_swap|no_renorm|tp_slice|topk_skip|no_route_taps (a planted bug for audit self-tests;
+ *   never for results),
  *   kernels=fast|generic (generic: an engine's specialised fast kernels are replaced by the
  *   general ones they must match bit for bit; the cuda engine's decode and routing kernels).
  *   td_engine_find(name)->options says which options an engine accepts.
@@ -117,6 +118,8 @@ typedef enum td_fault {
     TD_FAULT_NO_RENORM,         /* top-k probabilities not renormalized (norm_topk_prob ignored) */
     TD_FAULT_TP_SLICE,          /* W2 columns of rank (r+1) % tp_size paired with W13 rows of r */
     TD_FAULT_TOPK_SKIP,         /* the k-th expert of the top-k replaced by the (k+1)-th */
+    TD_FAULT_NO_ROUTE_TAPS,     /* moe.topk and moe.router_logits not captured (an engine without
+                                 * routing taps; the numbers are the default's) */
     TD_FAULT_COUNT
 } td_fault;
 

@@ -341,12 +341,13 @@ static td_status moe_taps(ref_engine *r, const td_block_call *c, td_err *err)
     const ref_moe_weights *w = &r->layers[c->layer].w;
     const int64_t M = c->n_tokens, L = c->layer, H = w->hidden, k = w->top_k;
     td_status st = TD_OK;
-    if (r->ws.router_ran) {
+    const bool route_taps = r->opts.nx.fault != TD_FAULT_NO_ROUTE_TAPS;
+    if (r->ws.router_ran && route_taps) {
         const int64_t s[2] = {M, w->n_experts};
         st = td_engine_put_tap(e, L, "moe.router_logits", TD_F32, 2, s, r->ws.logits, err);
     }
     const int64_t sk[2] = {M, k};
-    if (!st) st = td_engine_put_tap(e, L, "moe.topk", TD_I32, 2, sk, r->ws.ids, err);
+    if (!st && route_taps) st = td_engine_put_tap(e, L, "moe.topk", TD_I32, 2, sk, r->ws.ids, err);
     if (!st) st = td_engine_put_tap(e, L, "moe.topk_weights", TD_F32, 2, sk, r->ws.weights, err);
     if (r->opts.tp_rank != TD_TP_RANK_ALL) {
         const int64_t sa[3] = {M, k, w->inter / r->opts.tp_size}, so[3] = {M, k, H};

@@ -106,7 +106,7 @@ static void variant_parse_errors(void **state)
         {"ref:scale=fp16,scale=exact", "option 'scale' is given twice"},
         {"ref:scale=fp8", "scale 'fp8': expected exact|fp16"},
         {"ref:act_dtype=fp64", "expected fp32|fp16|bf16"},
-        {"ref:fault=yes", "expected none|nibble_order|reciprocal_global|gate_up_swap|no_renorm|tp_slice|topk_skip"},
+        {"ref:fault=yes", "expected none|nibble_order|reciprocal_global|gate_up_swap|no_renorm|tp_slice|topk_skip|no_route_taps"},
         {"ref:tp_size=0", "tp_size '0'"},
         {"ref:tp_size=65", "tp_size '65'"},
         {"ref:tp_size=04", "tp_size '04'"},

@@ -501,6 +501,7 @@ static void routes_that_differ(void **state)
     add_pair(&g, "ref,ref:act_dtype=bf16");
     add_pair(&g, "ref,ref:act_dtype=bf16,fault=topk_skip");
     add_pair(&g, "ref:threads=1,ref:act_dtype=bf16@bounded=1e-6");
+    add_pair(&g, "ref,ref:act_dtype=bf16,fault=no_route_taps");
     collect c = {cJSON_CreateArray(), NULL, 0, 0};
     td_layer_summary sum;
     run_grid(&g, &c, &sum);
@@ -553,6 +554,21 @@ static void routes_that_differ(void **state)
         o = check_of(row, out, "ref:threads=1", "ref:act_dtype=bf16");
         assert_int_equal(cJSON_GetObjectItem(o, "tokens_excluded")->valueint, 0);
         assert_string_equal(cJSON_GetObjectItem(o, "verdict")->valuestring, "fail");
+        /* a side without routing taps: the routes are recorded, not judged, and the block output
+         * (the same numbers as the plain bf16 side's) is judged on every token */
+        rt = check_of(row, routes, "ref", "ref:act_dtype=bf16,fault=no_route_taps");
+        assert_string_equal(cJSON_GetObjectItem(rt, "verdict")->valuestring, "skip");
+        assert_non_null(strstr(cJSON_GetObjectItem(rt, "message")->valuestring,
+                               "routes not compared: ref:act_dtype=bf16,fault=no_route_taps did not capture"));
+        o = check_of(row, out, "ref", "ref:act_dtype=bf16,fault=no_route_taps");
+        assert_int_equal(cJSON_GetObjectItem(o, "tokens_excluded")->valueint, 0);
+        assert_int_equal(cJSON_GetObjectItem(o, "numel")->valueint, M * H);
+        const cJSON *plain = check_of(row, out, "ref", "ref:act_dtype=bf16");
+        const double all = ex > 0 ? cJSON_GetObjectItem(plain, "relative_l2_all")->valuedouble
+                                  : cJSON_GetObjectItem(plain, "relative_l2")->valuedouble;
+        assert_true(cJSON_GetObjectItem(o, "relative_l2")->valuedouble == all);
+        assert_string_equal(cJSON_GetObjectItem(o, "verdict")->valuestring,
+                            all <= cJSON_GetObjectItem(o, "bound")->valuedouble ? "pass" : "fail");
     }
     if (excluded == 0) fail_msg("no token routed to other experts: the fixture no longer exercises the rule");
     /* the summary counts what was judged apart */

@@ -765,7 +765,10 @@ static void moe_faults_change_output(void **state)
         assert_int_equal(run_block(&rn, &w, &o, x, M, NULL, NULL, base, &err), TD_OK);
         o.nx.fault = (td_fault)f;
         assert_int_equal(run_block(&rn, &w, &o, x, M, NULL, NULL, out, &err), TD_OK);
-        if (!memcmp(base, out, sizeof out)) fail_msg("fault %d leaves the output unchanged", f);
+        /* no_route_taps drops two taps and must leave every number as it is */
+        const bool numbers = f != TD_FAULT_NO_ROUTE_TAPS;
+        if (numbers && !memcmp(base, out, sizeof out)) fail_msg("fault %d leaves the output unchanged", f);
+        if (!numbers && memcmp(base, out, sizeof out)) fail_msg("fault %d changes the output", f);
     }
     runner_free(&rn);
     mf_free(&m);
