@@ -294,6 +294,8 @@ extern "C" int td_cuda_nvfp4_layout_check(int broken, char *msg, size_t cap)
  * operands are the same in every kernel and every dispatch: the exact pairs hold by
  * construction (docs/cuda.md, Numerics). */
 #define XS_ROWS_MAX 32 /* staged rows with a recorded exponent: at most a group's 24 */
+static_assert(CU_MM_PACK_DEC <= XS_ROWS_MAX && 2 * 8 <= XS_ROWS_MAX,
+              "every staged row (the decode kernel's groups, k_mm's two tiles) has its exponent entry");
 __host__ __device__ __forceinline__ int bf16_row_shift(int emax)
 {
     const int s = 254 - emax;
@@ -1949,7 +1951,7 @@ __device__ __forceinline__ int w2c_stage(const mm_args &a, int64_t slot, uint32_
     if constexpr (ACT == 2) {
         emax = (int)__reduce_max_sync(0xffffffffu, (unsigned)emax);
         const int sh = bf16_row_shift(emax);
-        __syncwarp(); /* every lane's stores are done before the lanes rescale them */
+        __syncwarp(); /* (each lane rescales the words it stored: v = lane mod 32 in both loops) */
         for (int v = lane; v < nv; v += 32) {
             uint32_t *d = xs + xs_word(v, 0);
 #pragma unroll
