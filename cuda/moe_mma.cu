@@ -326,6 +326,20 @@ __device__ __forceinline__ uint32_t bf16x2_pow2(uint32_t w, int s)
     return r;
 }
 
+/* 16 bytes of BF16 inputs times 2^s, in registers */
+__device__ __forceinline__ uint4 bf16x4w_pow2(uint4 q, int s)
+{
+    return make_uint4(bf16x2_pow2(q.x, s), bf16x2_pow2(q.y, s), bf16x2_pow2(q.z, s), bf16x2_pow2(q.w, s));
+}
+
+/* 16 bytes of BF16 inputs times 2^s where stage_x put them (store_x4's words d[0], d[4], d[8],
+ * d[12]) */
+__device__ __forceinline__ void bf16_staged_pow2(uint32_t *d, int s)
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++) d[i * 4] = bf16x2_pow2(d[i * 4], s);
+}
+
 /* The epilogue's factor for a row of largest exponent field emax: 2^(126 - s) as FP32 */
 __device__ __forceinline__ float bf16_row_unscale(int emax)
 {
@@ -549,10 +563,7 @@ __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, 
         __syncthreads();
         for (int idx = threadIdx.x; idx < total; idx += step) {
             const int j = idx / nv, v = v0 + (idx - j * nv);
-            uint32_t *d = xs + j * xs_w + xs_word(v, s0);
-            const int sh = bf16_row_shift(em[j]);
-#pragma unroll
-            for (int i = 0; i < 4; i++) d[i * 4] = bf16x2_pow2(d[i * 4], sh);
+            bf16_staged_pow2(xs + j * xs_w + xs_word(v, s0), bf16_row_shift(em[j]));
         }
     }
     __syncthreads();
@@ -1921,14 +1932,35 @@ __global__ void __launch_bounds__(DW * 32, dec_blocks(NT, DW)) k_dec(mm_args a, 
  * per load, k_w2c's routed part at M = 1 took 21.79-21.86 us against 21.22-21.44): 16
  * bytes per lane, a lane's loads of a round issued before its stores; columns at or beyond
  * in_cols become 0. BF16 inputs (ACT 2): the row's largest exponent field by a warp maximum,
- * then the row multiplied by 2^bf16_row_shift of it, as stage_x does; returns that field
- * (0 for FP16). Ends with __syncwarp(). */
+ * the row multiplied by 2^bf16_row_shift of it, as stage_x does: in registers before the stores
+ * where the row is one round of loads (K <= 1024: W2 of the production shape and its TP4
+ * slice), otherwise in a second pass over the lane's own stores; returns that field (0 for
+ * FP16). Ends with __syncwarp(). */
 template <int ACT>
 __device__ __forceinline__ int w2c_stage(const mm_args &a, int64_t slot, uint32_t *xs, int lane)
 {
     const int valid = (int)(a.c.in_cols / 8), nv = (int)(a.c.W.K / 8);
     const uint4 *src = reinterpret_cast<const uint4 *>(a.c.in16 + (slot / a.c.in_div) * a.c.in_ld);
     int emax = 0;
+    if (ACT == 2 && nv <= 4 * 32) {
+        uint4 q4[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int v = lane + u * 32;
+            q4[u] = v < valid ? __ldg(src + v) : make_uint4(0, 0, 0, 0);
+            const int e = bf16x4w_emax(q4[u]);
+            emax = e > emax ? e : emax;
+        }
+        emax = (int)__reduce_max_sync(0xffffffffu, (unsigned)emax);
+        const int sh = bf16_row_shift(emax);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int v = lane + u * 32;
+            if (v < nv) store_x4<false>(bf16x4w_pow2(q4[u], sh), xs + xs_word(v, 0), 0);
+        }
+        __syncwarp();
+        return emax;
+    }
     for (int base = lane; base < nv; base += 4 * 32) {
         uint4 q4[4];
 #pragma unroll
@@ -1949,14 +1981,10 @@ __device__ __forceinline__ int w2c_stage(const mm_args &a, int64_t slot, uint32_
         }
     }
     if constexpr (ACT == 2) {
+        /* each lane rescales the words it stored (v = lane mod 32 in both loops): no barrier */
         emax = (int)__reduce_max_sync(0xffffffffu, (unsigned)emax);
         const int sh = bf16_row_shift(emax);
-        __syncwarp(); /* (each lane rescales the words it stored: v = lane mod 32 in both loops) */
-        for (int v = lane; v < nv; v += 32) {
-            uint32_t *d = xs + xs_word(v, 0);
-#pragma unroll
-            for (int i = 0; i < 4; i++) d[i * 4] = bf16x2_pow2(d[i * 4], sh);
-        }
+        for (int v = lane; v < nv; v += 32) bf16_staged_pow2(xs + xs_word(v, 0), sh);
     }
     __syncwarp();
     return emax;

@@ -59,6 +59,11 @@
 #             weights with a power of two per row (the decode kernel direct and grouped, its
 #             tail by chunks, the narrow blocks, the fused W2, k_mm with kernels=generic; the
 #             direct racecheck takes about 7 minutes: run the section alone)
+#   ab_bf16   where the bf16 block's time at M = 1..4 goes, this binary against
+#             build/device/moe_decode_base: bf16 direct M = 1, 2, 4, the two alternating, three
+#             runs each (block, routed and the chained parts), the same with a shared expert of 32
+#             (--shared 32), then every kernel of one call timed alone under ncu at M = 1 and 4
+#             for both (kernel, grid, block, µs)
 #   ab        A/B of the bench against a baseline binary build/device/moe_decode_base (built
 #             from another commit, e.g. a git worktree, and carried beside the bundle): fp16
 #             direct and grouped, M = 1..16 and 784 grouped, bf16 grouped M = 1, 16, 784 and
@@ -228,6 +233,21 @@ sanitize_bf16)
   t racecheck_bf16_tail compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --topk 8 --hidden 640 --inter 320 --shared 160 --M 10,17 --iters 2 --sets 1 --act bf16
   t racecheck_bf16_w2c compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 640 --shared 160 --M 1,5 --iters 2 --sets 1 --act bf16
   t racecheck_bf16_narrow compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --hidden 640 --inter 160 --shared 160 --M 16,32 --iters 2 --sets 1 --act bf16 --separate-combine ;;
+ab_bf16)
+  [ -x $B/moe_decode_base ] || { echo "ab_bf16: no $B/moe_decode_base"; exit 2; }
+  for run in 1 2 3; do
+    for bin in moe_decode moe_decode_base; do
+      t abb_${bin}_$run $B/$bin --no-cublas --act bf16 --M 1,2,4
+      t abbs_${bin}_$run $B/$bin --no-cublas --act bf16 --M 1,2,4 --shared 32
+    done
+  done
+  for bin in moe_decode moe_decode_base; do
+    for m in 1 4; do
+      ncu --csv --clock-control none --metrics gpu__time_duration.sum $B/$bin --no-cublas --M $m --iters 1 --sets 1 --act bf16 2>&1 \
+        | awk -F'","' '/gpu__time_duration/ && $5 !~ /k_fill/ {gsub(/"/, "", $NF); printf "%-16s %-14s %-10s %s\n", substr($5, 1, 16), $9, $8, $NF}' \
+        > "$out/logs/ncub_${bin}_M$m.txt"
+    done
+  done ;;
 ab)
   [ -x $B/moe_decode_base ] || { echo "ab: no $B/moe_decode_base"; exit 2; }
   for run in 1 2; do

@@ -595,6 +595,35 @@ static void cuda_decode_kernel(void **state)
     mf_free(&m);
 }
 
+/* The routed W2 with the combine fused in (k_w2c) on rows longer than one round of its staging
+ * loads: W2's K = inter = 1280 is 160 groups of 16 bytes per row, more than a warp's 4 x 32, so
+ * w2c_stage applies a BF16 row's power of two in a second pass over the lane's own stores
+ * instead of in registers (cuda/moe_mma.cu). Hidden 320 (W2's 20 row tiles), top-10, direct
+ * dispatch: at M = 1, 2 and 4 td_w2c_pays takes k_w2c on a 132-SM GPU (4 chunk rounds, as
+ * k_dec's). fp16 and bf16 bit for bit against kernels=generic (bf16 also with one input of 3e5
+ * or 1e15 in token 3 and a token scaled to 1e-38), and against ref (bf16 also at inputs of 1e9). */
+static void cuda_w2c_long_rows(void **state)
+{
+    (void)state;
+    mf_opts o;
+    shape(&o, 35, 320, 32, 10, 1280, 160);
+    mf_model m;
+    const char *dir = fixture_or_skip("gpu_w2c_long", &o, &m);
+    compare(dir, "ref:scale=fp16,act_dtype=fp16", "cuda:act_dtype=fp16", 4e-3, 0, 1, -1, "w2cl");
+    compare(dir, "ref:scale=fp16,act_dtype=bf16", "cuda:act_dtype=bf16", 3e-2, 0, 2, 5, "w2cl");
+    /* random routes: with the router's, inputs of 1e9 make its weights one-hot and the output a
+     * sum of BF16 values, which the accumulation order rarely reaches */
+    compare_s(dir, "ref:scale=fp16,act_dtype=bf16", "cuda:act_dtype=bf16", 3e-2, 0, 4, 5, 1e9f, "w2cl");
+    static const exact_call seq16[] = {{1, -1, 700, 0}, {2, 5, 701, 0}, {4, -1, 702, 0}, {4, 5, 704, 0}};
+    static const exact_call seq[] = {{1, -1, 700, 0},   {2, 5, 701, 0},      {4, -1, 702, 3e5f},
+                                     {1, -1, 703, -1e-38f}, {4, 5, 704, 1e15f}, {4, -1, 705, -1e-38f}};
+    static const char *const v16[] = {"cuda:act_dtype=fp16"}; /* (inputs past 65504 overflow FP16) */
+    static const char *const vs[] = {"cuda:act_dtype=bf16", "cuda:act_dtype=bf16,graphs=on"};
+    exact_vs_generic(dir, v16, TD_ARRAY_LEN(v16), seq16, TD_ARRAY_LEN(seq16), "w2cl");
+    exact_vs_generic(dir, vs, TD_ARRAY_LEN(vs), seq, TD_ARRAY_LEN(seq), "w2cl");
+    mf_free(&m);
+}
+
 /* The decode kernel's last items by chunks with grouped dispatch, where the host cannot know
  * whether a launch takes them (the groups are counted on the device: cuda/dec_split.h,
  * td_dec_tail_possible) and launches the kernel with the tail's code whenever it may. 128
@@ -879,6 +908,7 @@ static void cuda_combine_taps(void **state)
     combine_case("gpu_comb_w2c", 320, 128, 10); /* W2 on the decode kernel, the combine fused in */
     combine_case("gpu_comb_w2c12", 320, 0, 12); /* the most slots k_w2c takes, no shared expert */
     combine_case("gpu_comb_w2c13", 320, 128, 13); /* one slot more: the separate combine */
+    combine_case("gpu_comb_w2c_long", 1280, 128, 10); /* k_w2c on rows of two rounds of staging loads */
 }
 
 /* The routing taps (moe.topk, moe.topk_weights, moe.router_logits) of a call of two workspace
@@ -1207,6 +1237,7 @@ int main(void)
         cmocka_unit_test(cuda_sweep),
         cmocka_unit_test(cuda_decode_kernel),
         cmocka_unit_test(cuda_decode_grouped_tail),
+        cmocka_unit_test(cuda_w2c_long_rows),
         cmocka_unit_test(cuda_decode_narrow),
         cmocka_unit_test(cuda_prefill_parts),
         cmocka_unit_test(cuda_routing),
