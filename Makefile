@@ -6,6 +6,7 @@
 #   make fuzz            build the libFuzzer targets and run each for FUZZ_SECONDS (default 60)
 #   make fuzz-smoke      run each fuzz target for a few seconds (CI)
 #   make gpu             build cuda/ with nvcc (when nvcc exists) into build/gpu/
+#   make gpu TIMELINE=1  the same with the block's kernels stamping a timeline (build/gpu-tl/)
 #   make device-bundle   build/device/: the CUDA binaries plus the libraries the GPU machine lacks
 #   make gpu-test        build and run tests/gpu (they skip with a message without a GPU)
 #   make install PREFIX=/usr/local
@@ -215,9 +216,18 @@ endif
 # binaries plus the shared libraries the GPU machine lacks (cJSON, CMocka, SQLite) into
 # build/device/ (rpath $$ORIGIN); `make gpu-test` runs the GPU tests (there, or here where a
 # GPU exists; without one they skip with a message).
+# `make gpu TIMELINE=1`: a diagnostic build in build/gpu-tl/ whose block kernels stamp the global
+# timer (cuda/timeline.cuh; bench/gpu/moe_decode --timeline N prints the block's timeline);
+# never the default build.
+ifeq ($(TIMELINE),1)
+GPU_OUT   := build/gpu-tl
+TL_FLAGS  := -DTD_TIMELINE
+else
 GPU_OUT   := build/gpu
+TL_FLAGS  :=
+endif
 NVCC_ARCH := -gencode arch=compute_90,code=sm_90
-NVCCFLAGS_ALL = -std=c++17 -O3 -g $(NVCC_ARCH) -Icore -I. -Icuda -MMD -MP \
+NVCCFLAGS_ALL = -std=c++17 -O3 -g $(NVCC_ARCH) -Icore -I. -Icuda -MMD -MP $(TL_FLAGS) \
                  -Xcompiler -Wall,-Wextra,-Werror,-fno-strict-aliasing $(NVCCFLAGS)
 CUDA_LIBDIR ?= $(patsubst %/bin/nvcc,%,$(NVCC))/lib64
 GPU_LDLIBS := -L$(CUDA_LIBDIR) -lcudart_static -lstdc++ -ldl -lrt -lpthread

@@ -6,6 +6,7 @@
  */
 #include "moe.cuh"
 #include "combine.cuh"
+#include "timeline.cuh"
 
 /* Warps per block of the dot-product kernels: 8 warps give every scheduler of an SM two
  * warps to switch between while one waits on a weight load. */
@@ -95,12 +96,14 @@ __device__ __forceinline__ bool ranks_before(float a, int64_t ia, float b, int64
 
 __global__ void k_round(const float *x, float *xa, int64_t n, int act)
 {
+    const cu_tl_guard tl_(CU_TL_ROUND);
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) xa[i] = cu_round_act(x[i], act);
 }
 
 __global__ void k_round16(const float *x, float *xa, uint16_t *x16, int64_t n, int act)
 {
+    const cu_tl_guard tl_(CU_TL_ROUND);
     cu_pdl_release(); /* the router may launch now; it waits for this kernel before reading */
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -285,6 +288,7 @@ __device__ __forceinline__ void own_best(const float p[ROUTE_PER], unsigned take
 __global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, int64_t ld, int E, int k, int lk,
                                                          bool renorm, int32_t *ids, float *weights)
 {
+    const cu_tl_guard tl_(CU_TL_ROUTE);
     extern __shared__ float route_sh[];          /* ROUTE_WARPS lists of lk (value, index) */
     float *lv = route_sh;
     int *li = reinterpret_cast<int *>(route_sh + ROUTE_WARPS * lk);
@@ -529,6 +533,7 @@ __device__ __forceinline__ void route_store(float mv, int mi, int k, int lane, b
 __global__ void __launch_bounds__(ROUTE_THREADS) k_route_small(const float *logits, int64_t ld, int E, int k,
                                                                bool renorm, int32_t *ids, float *weights)
 {
+    const cu_tl_guard tl_(CU_TL_ROUTE);
     __shared__ float pv[ROUTE_THREADS];
     __shared__ float red[2][ROUTE_WARPS];
     __shared__ uint2 cand[RS_CAND_MAX];      /* (bit pattern, expert) */
@@ -597,6 +602,7 @@ __global__ void __launch_bounds__(ROUTE_WARP_TOKENS * 32) k_route_warp(const flo
                                                                          int E, int k, bool renorm, int32_t *ids,
                                                                          float *weights)
 {
+    const cu_tl_guard tl_(CU_TL_ROUTE);
     __shared__ uint2 cand[ROUTE_WARP_TOKENS][RS_CAND_MAX];
     __shared__ float slot_v[ROUTE_WARP_TOKENS][32];
     __shared__ int slot_i[ROUTE_WARP_TOKENS][32];
@@ -746,6 +752,7 @@ template <int CPT, bool E16, bool S16>
 __global__ void k_combine(const float *weights, const void *eout, int64_t k, const float *sgdot, int64_t sg_ld,
                           const void *sh_out, int64_t M, int64_t H, int act, int mode, float *out)
 {
+    const cu_tl_guard tl_(CU_TL_COMBINE);
     cu_pdl_wait();
     cu_pdl_release();
     const int64_t HC = H / CPT, q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -923,3 +930,10 @@ td_status cu_moe_combine(const float *weights, const float *eout, const uint16_t
     TD_CU_LAUNCHED(err, "k_combine");
     return TD_OK;
 }
+
+#ifdef TD_TIMELINE
+int cu_moe_timeline(uint64_t *out)
+{
+    return cu_tl_take(out);
+}
+#endif

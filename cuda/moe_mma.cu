@@ -9,6 +9,7 @@
 #include "nvfp4_layout.h"
 #include "wgmma.cuh"
 #include "combine.cuh"
+#include "timeline.cuh"
 
 #include <stdio.h>
 #include <string.h>
@@ -926,6 +927,7 @@ __device__ __forceinline__ bool mm_group(const mm_args &a, int64_t gy, int64_t &
 template <int WK, int ACT, int NTMAX>
 __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 : NTMAX == 1 ? 3 : 2) k_mm(mm_args a)
 {
+    const cu_tl_guard tl_(WK == 2 ? (a.c.epi == CU_MM_F32 ? CU_TL_ROUTER : a.c.epi == CU_MM_SWIGLU ? CU_TL_SH13 : CU_TL_SH2) : a.c.epi == CU_MM_SWIGLU ? CU_TL_W13 : CU_TL_W2);
     __shared__ float red[MM_MAX_WARPS][2][4][32];
     extern __shared__ uint4 xs_raw[];
     uint32_t *xs = reinterpret_cast<uint32_t *>(xs_raw);
@@ -1056,6 +1058,7 @@ __device__ __forceinline__ void gm_store(const mm_args &a, int k0, int k1, const
 template <int ACT>
 __global__ void __launch_bounds__(GM_WARPS * 32, 2) k_gemm(mm_args a)
 {
+    const cu_tl_guard tl_(a.c.epi == CU_MM_F32 ? CU_TL_ROUTER : a.c.epi == CU_MM_SWIGLU ? CU_TL_SH13 : CU_TL_SH2); /* BF16 weights */
     extern __shared__ uint4 gm_raw[];
     uint32_t *xs = reinterpret_cast<uint32_t *>(gm_raw);
     constexpr bool SPLIT = ACT == 1;
@@ -1302,6 +1305,7 @@ template <int ACT>
 __global__ void __launch_bounds__(256) k_round_split(const float *x, float *xa, uint16_t *x16, int64_t M, int64_t H,
                                                      int nst, int64_t pieces, uint8_t *out)
 {
+    const cu_tl_guard tl_(CU_TL_ROUND);
     cu_pdl_release();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= pieces) return;
@@ -1321,6 +1325,7 @@ template <int ACT>
 __global__ void __launch_bounds__(256) k_round_stage(const float *x, float *xa, uint16_t *x16, int64_t M, int64_t H,
                                                      int W, int64_t pieces, uint32_t *img)
 {
+    const cu_tl_guard tl_(CU_TL_ROUND);
     cu_pdl_release();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= pieces) return;
@@ -1335,6 +1340,7 @@ __global__ void __launch_bounds__(256) k_round_stage(const float *x, float *xa, 
 template <int ACT, int WG>
 __global__ void __launch_bounds__(wp_threads(WG), WG == 1 ? 2 : 1) k_wgp(mm_args a)
 {
+    const cu_tl_guard tl_(a.c.epi == CU_MM_F32 ? CU_TL_ROUTER : a.c.epi == CU_MM_SWIGLU ? CU_TL_SH13 : CU_TL_SH2); /* BF16 weights */
     extern __shared__ __align__(128) uint4 wp_raw[];
     __shared__ __align__(8) uint64_t full[WP_STAGES], empty[WP_STAGES];
     static_assert(ACT == 1 || ACT == 2, "k_wgp takes FP16 (split) or BF16 inputs");
@@ -1821,6 +1827,7 @@ __device__ __forceinline__ void dec_tail_run(const mm_args &a, int tbx, const td
 template <int WK, int ACT, int CH, int NT, bool TAIL, int EPI, int DW>
 __global__ void __launch_bounds__(DW * 32, dec_blocks(NT, DW)) k_dec(mm_args a, int tbx)
 {
+    const cu_tl_guard tl_((EPI >= 0 ? EPI : a.c.epi) == CU_MM_SWIGLU ? CU_TL_W13 : CU_TL_W2);
     static_assert(NT == 1 || !TAIL, "the last items by chunks are for one token tile");
     static_assert(DW == dec_warps(NT) || (NT == 1 && !TAIL && DW == DEC_NARROW_WARPS),
                   "the narrow blocks are for one token tile, without the tail");
@@ -2031,6 +2038,7 @@ struct w2c_stream {
 template <int ACT, int CH>
 __global__ void __launch_bounds__(W2C_MAX_K * 32, 2) k_w2c(mm_args a, cu_w2c_args cb)
 {
+    const cu_tl_guard tl_(CU_TL_W2);
     constexpr int WK = 0; /* prepared storage (raw keeps k_dec and the separate combine: cu_mm_w2c_fits) */
     typedef dec_sizes<WK, CH> Z;
     extern __shared__ uint4 w2c_sh[];
@@ -2161,6 +2169,7 @@ __global__ void __launch_bounds__(GROUP_SMALL) k_group_small(const int32_t *ids,
                                                              int32_t *n_groups, int32_t *g_mat, int32_t *g_start,
                                                              int32_t *g_count, int32_t *perm)
 {
+    const cu_tl_guard tl_(CU_TL_GROUP);
     __shared__ int32_t sid[GROUP_SMALL]; /* expert of each slot, -1 outside [0, E) or past ns */
     __shared__ int32_t npk[GROUP_SMALL]; /* packs of the slot's expert at its first slot, else 0 */
     const int s = threadIdx.x;
@@ -2219,6 +2228,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, 1) k_group(const int32_t *ids, 
                                                             int ebits, bool stage, int32_t *n_groups, int32_t *g_mat,
                                                             int32_t *g_start, int32_t *g_count, int32_t *perm)
 {
+    const cu_tl_guard tl_(CU_TL_GROUP);
     extern __shared__ int32_t sh[];
     const int ns = (int)nslots, ne = (int)E, S = group_stride(seg);
     const int sw = (int)group_sid_words(nslots);
@@ -3641,3 +3651,10 @@ done:
     free(h);
     return rc;
 }
+
+#ifdef TD_TIMELINE
+int cu_mm_timeline(uint64_t *out)
+{
+    return cu_tl_take(out);
+}
+#endif

@@ -59,6 +59,11 @@
  * shared-expert stream created at the device's greatest priority, the other at its least, and
  * every graph instantiated with cudaGraphInstantiateFlagUseNodePriority (kernel nodes take
  * the priority of the stream they were captured from); default off (both at priority 0).
+ * --timeline N (a build with -DTD_TIMELINE only: `make gpu TIMELINE=1`, cuda/timeline.cuh): after
+ * timing each M, N replays of every route set's block graph, one at a time, each kernel
+ * stamping the global timer at its first block's start and its last warp's end; printed per
+ * role (round, router, shared W13 / W2, routing, grouping, W13, W2, combine): the medians of
+ * start and end relative to the call's first start, and of the call's span.
  * Byte floors: bytes the call must read at least (routed: the distinct experts of the call's
  * routes x this storage's W13+W2 bytes incl. scales, plus the input and output activations;
  * block: plus the router and the shared expert) over the copy bandwidth measured here
@@ -70,6 +75,7 @@ extern "C" {
 }
 #include "moe_block.cuh"
 #include "gpu_timing.cuh"
+#include "timeline.cuh"
 
 #include <cublas_v2.h>
 #include <dlfcn.h>
@@ -239,7 +245,7 @@ typedef struct opts {
     bool stage_img, check_stage;
     int prio;           /* 0 off, 1 main stream high, 2 shared-expert stream high */
     std::vector<int64_t> Ms;
-    int iters, sets, dense;
+    int iters, sets, dense, timeline;
     uint64_t seed;
     int64_t big;        /* --big: 0 none */
     const char *cublas, *db;
@@ -252,7 +258,8 @@ static void usage(void)
                     "                  [--kernels fast|generic] [--prio main|shared|off]\n"
                     "                  [--M 1,2,4,8,16,784] [--iters N] [--sets N] [--dense N] [--seed N] [--big V]\n"
                     "                  [--cublas LIB] [--db PATH] [--json] [--no-cublas] [--no-presplit] [--separate-combine]\n"
-                    "                  [--no-dec-narrow] [--no-stage-img] [--check-narrow] [--check-stage]\n");
+                    "                  [--no-dec-narrow] [--no-stage-img] [--check-narrow] [--check-stage]\n"
+                    "                  [--timeline N]\n");
     exit(2);
 }
 
@@ -279,7 +286,7 @@ static void parse(int argc, char **argv, opts *o)
     o->check_stage = false;
     o->prio = 0;
     o->Ms = {1, 2, 4, 8, 16, 784};
-    o->iters = 200, o->sets = 16, o->dense = 8, o->seed = 1, o->big = 0, o->cublas = NULL, o->db = NULL;
+    o->iters = 200, o->sets = 16, o->dense = 8, o->timeline = 0, o->seed = 1, o->big = 0, o->cublas = NULL, o->db = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         /* the options without a value: each sets its flag */
@@ -311,6 +318,14 @@ static void parse(int argc, char **argv, opts *o)
         else if (!strcmp(a, "--iters")) o->iters = (int)num(a, v);
         else if (!strcmp(a, "--sets")) o->sets = (int)num(a, v);
         else if (!strcmp(a, "--dense")) o->dense = (int)num(a, v);
+        else if (!strcmp(a, "--timeline")) {
+#ifdef TD_TIMELINE
+            o->timeline = (int)num(a, v);
+#else
+            fprintf(stderr, "moe_decode: --timeline needs a build with -DTD_TIMELINE (make gpu TIMELINE=1)\n");
+            exit(2);
+#endif
+        }
         else if (!strcmp(a, "--seed")) o->seed = (uint64_t)num(a, v);
         else if (!strcmp(a, "--big")) o->big = num(a, v);
         else if (!strcmp(a, "--cublas")) o->cublas = v;
@@ -362,6 +377,51 @@ struct flag_check {
  * logits and shared gate [M, E + 1], the shared expert's output [M, H], the W13 intermediates
  * [M k, il], the expert outputs [M k, H] and the block output [M, H] must be bit-identical, and
  * neither run may leave a poisoned element. Exits 1 naming the first difference. */
+#ifdef TD_TIMELINE
+/* --timeline: n replays of each block graph, one at a time, every kernel's first start and last
+ * end per role (cuda/timeline.cuh), medians relative to the call's first start */
+static void timeline(const std::vector<cudaGraphExec_t> &gb, int n, int64_t M, cudaStream_t s)
+{
+    static const char *const names[CU_TL_N] = {"round", "router + gate", "shared W13", "shared W2", "routing",
+                                               "grouping", "W13", "W2", "combine"};
+    std::vector<double> st[CU_TL_N], en[CU_TL_N], span;
+    uint64_t a[2 * CU_TL_N], b[2 * CU_TL_N];
+    BENCH_CK(cudaDeviceSynchronize());
+    BENCH_CK((cudaError_t)cu_moe_timeline(a));
+    BENCH_CK((cudaError_t)cu_mm_timeline(b));
+    for (int r = 0; r < n; r++)
+        for (cudaGraphExec_t g : gb) {
+            BENCH_CK(cudaGraphLaunch(g, s));
+            BENCH_CK(cudaStreamSynchronize(s));
+            BENCH_CK((cudaError_t)cu_moe_timeline(a));
+            BENCH_CK((cudaError_t)cu_mm_timeline(b));
+            uint64_t t0 = ~0ull, t1 = 0;
+            for (int i = 0; i < CU_TL_N; i++) {
+                /* a role in both tables (the round) keeps the earlier start and the later end */
+                a[2 * i] = std::min(a[2 * i], b[2 * i]);
+                a[2 * i + 1] = std::max(a[2 * i + 1], b[2 * i + 1]);
+                if (a[2 * i] != ~0ull) t0 = std::min(t0, a[2 * i]), t1 = std::max(t1, a[2 * i + 1]);
+            }
+            for (int i = 0; i < CU_TL_N; i++)
+                if (a[2 * i] != ~0ull) {
+                    st[i].push_back((double)(a[2 * i] - t0) * 1e-3);
+                    en[i].push_back((double)(a[2 * i + 1] - t0) * 1e-3);
+                }
+            span.push_back((double)(t1 - t0) * 1e-3);
+        }
+    auto med = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v.empty() ? NAN : v[v.size() / 2];
+    };
+    printf("timeline M=%lld (us from the call's first kernel start; medians of %zu calls): span %.2f\n",
+           (long long)M, span.size(), med(span));
+    printf("  %-14s %8s %8s %8s\n", "role", "start", "end", "length");
+    for (int i = 0; i < CU_TL_N; i++)
+        if (!st[i].empty())
+            printf("  %-14s %8.2f %8.2f %8.2f\n", names[i], med(st[i]), med(en[i]), med(en[i]) - med(st[i]));
+}
+#endif
+
 template <typename F>
 static void switch_check(const flag_check &fc, int64_t M, int64_t k, int64_t il, int64_t H, int64_t E,
                          cu_block_shape &shape, const cu_block_ws &ws, F run)
@@ -792,6 +852,9 @@ int main(int argc, char **argv)
         r.floor_routed = (dist * (e13 + e2) + act_b) / copy_bw * 1e6;
         r.floor_block = (dist * (e13 + e2) + act_b + router_b + shared_b) / copy_bw * 1e6;
         rows.push_back(r);
+#ifdef TD_TIMELINE
+        if (o.timeline && !o.json) timeline(gb, o.timeline, M, s);
+#endif
         for (auto *v : {&gb, &gr, &gc, &gq, &gt, &cb, &cr, &cc})
             for (auto e : *v) BENCH_CK(cudaGraphExecDestroy(e));
         if (!o.json)
