@@ -64,6 +64,10 @@
 #             runs each (block, routed and the chained parts), the same with a shared expert of 32
 #             (--shared 32), then every kernel of one call timed alone under ncu at M = 1 and 4
 #             for both (kernel, grid, block, µs)
+#   timeline  the block's timeline per launch (bench/gpu/moe_decode --timeline) from the
+#             diagnostic build carried as build/device/moe_decode_tl (make gpu TIMELINE=1, then
+#             copy build/gpu-tl/bench/moe_decode there): fp16 and bf16 direct M = 1, 4, 8, 16,
+#             fp16 and bf16 grouped M = 4 and 784
 #   ab        A/B of the bench against a baseline binary build/device/moe_decode_base (built
 #             from another commit, e.g. a git worktree, and carried beside the bundle): fp16
 #             direct and grouped, M = 1..16 and 784 grouped, bf16 grouped M = 1, 16, 784 and
@@ -233,6 +237,12 @@ sanitize_bf16)
   t racecheck_bf16_tail compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --topk 8 --hidden 640 --inter 320 --shared 160 --M 10,17 --iters 2 --sets 1 --act bf16
   t racecheck_bf16_w2c compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 640 --shared 160 --M 1,5 --iters 2 --sets 1 --act bf16
   t racecheck_bf16_narrow compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --hidden 640 --inter 160 --shared 160 --M 16,32 --iters 2 --sets 1 --act bf16 --separate-combine ;;
+timeline)
+  [ -x $B/moe_decode_tl ] || { echo "timeline: no $B/moe_decode_tl"; exit 2; }
+  for a in fp16 bf16; do
+    t timeline_${a}_direct $B/moe_decode_tl --no-cublas --act $a --M 1,4,8,16 --iters 50 --timeline 3
+    t timeline_${a}_grouped $B/moe_decode_tl --no-cublas --act $a --dispatch grouped --M 4,784 --iters 20 --timeline 2
+  done ;;
 ab_bf16)
   [ -x $B/moe_decode_base ] || { echo "ab_bf16: no $B/moe_decode_base"; exit 2; }
   for run in 1 2 3; do
