@@ -924,10 +924,18 @@ __device__ __forceinline__ bool mm_group(const mm_args &a, int64_t gy, int64_t &
 
 /* ==== kernels ================================================================================ */
 
+/* A GEMM launch's role in the timeline build (cuda/timeline.cuh): BF16 weights are the router
+ * (FP32 logits) and the shared expert's W13 (SwiGLU) and W2, NVFP4 weights the routed W13 and W2 */
+__device__ __forceinline__ int mm_tl_role(bool bf16_weights, int epi)
+{
+    if (bf16_weights) return epi == CU_MM_F32 ? CU_TL_ROUTER : epi == CU_MM_SWIGLU ? CU_TL_SH13 : CU_TL_SH2;
+    return epi == CU_MM_SWIGLU ? CU_TL_W13 : CU_TL_W2;
+}
+
 template <int WK, int ACT, int NTMAX>
 __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 : NTMAX == 1 ? 3 : 2) k_mm(mm_args a)
 {
-    const cu_tl_guard tl_(WK == 2 ? (a.c.epi == CU_MM_F32 ? CU_TL_ROUTER : a.c.epi == CU_MM_SWIGLU ? CU_TL_SH13 : CU_TL_SH2) : a.c.epi == CU_MM_SWIGLU ? CU_TL_W13 : CU_TL_W2);
+    const cu_tl_guard tl_(mm_tl_role(WK == 2, a.c.epi));
     __shared__ float red[MM_MAX_WARPS][2][4][32];
     extern __shared__ uint4 xs_raw[];
     uint32_t *xs = reinterpret_cast<uint32_t *>(xs_raw);
@@ -1058,7 +1066,7 @@ __device__ __forceinline__ void gm_store(const mm_args &a, int k0, int k1, const
 template <int ACT>
 __global__ void __launch_bounds__(GM_WARPS * 32, 2) k_gemm(mm_args a)
 {
-    const cu_tl_guard tl_(a.c.epi == CU_MM_F32 ? CU_TL_ROUTER : a.c.epi == CU_MM_SWIGLU ? CU_TL_SH13 : CU_TL_SH2); /* BF16 weights */
+    const cu_tl_guard tl_(mm_tl_role(true, a.c.epi));
     extern __shared__ uint4 gm_raw[];
     uint32_t *xs = reinterpret_cast<uint32_t *>(gm_raw);
     constexpr bool SPLIT = ACT == 1;
@@ -1340,7 +1348,7 @@ __global__ void __launch_bounds__(256) k_round_stage(const float *x, float *xa, 
 template <int ACT, int WG>
 __global__ void __launch_bounds__(wp_threads(WG), WG == 1 ? 2 : 1) k_wgp(mm_args a)
 {
-    const cu_tl_guard tl_(a.c.epi == CU_MM_F32 ? CU_TL_ROUTER : a.c.epi == CU_MM_SWIGLU ? CU_TL_SH13 : CU_TL_SH2); /* BF16 weights */
+    const cu_tl_guard tl_(mm_tl_role(true, a.c.epi));
     extern __shared__ __align__(128) uint4 wp_raw[];
     __shared__ __align__(8) uint64_t full[WP_STAGES], empty[WP_STAGES];
     static_assert(ACT == 1 || ACT == 2, "k_wgp takes FP16 (split) or BF16 inputs");
@@ -1608,12 +1616,7 @@ __device__ __forceinline__ void dec_chunk(const mm_args &a, const dec_pos &p, co
         uint4 Bs[NT];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) Bs[nt] = xrow[nt][i * 4];
-        if constexpr (BSC) {
-            Bs[0].x = bf16x2_pow2(Bs[0].x, bsh);
-            Bs[0].y = bf16x2_pow2(Bs[0].y, bsh);
-            Bs[0].z = bf16x2_pow2(Bs[0].z, bsh);
-            Bs[0].w = bf16x2_pow2(Bs[0].w, bsh);
-        }
+        if constexpr (BSC) Bs[0] = bf16x4w_pow2(Bs[0], bsh);
         float2 eff_lo, eff_hi;
         if (WK == 0) {
             const uint2 sv = reinterpret_cast<const uint2 *>(buf + Z::w)[i * 8 + g];
@@ -1827,7 +1830,7 @@ __device__ __forceinline__ void dec_tail_run(const mm_args &a, int tbx, const td
 template <int WK, int ACT, int CH, int NT, bool TAIL, int EPI, int DW>
 __global__ void __launch_bounds__(DW * 32, dec_blocks(NT, DW)) k_dec(mm_args a, int tbx)
 {
-    const cu_tl_guard tl_((EPI >= 0 ? EPI : a.c.epi) == CU_MM_SWIGLU ? CU_TL_W13 : CU_TL_W2);
+    const cu_tl_guard tl_(mm_tl_role(false, EPI >= 0 ? EPI : a.c.epi));
     static_assert(NT == 1 || !TAIL, "the last items by chunks are for one token tile");
     static_assert(DW == dec_warps(NT) || (NT == 1 && !TAIL && DW == DEC_NARROW_WARPS),
                   "the narrow blocks are for one token tile, without the tail");

@@ -372,11 +372,6 @@ struct flag_check {
     const char *option, *off, *on;
 };
 
-/* The block of route set 0 run twice, with the switch off and on, every output and intermediate
- * poisoned before each run (all-ones bit patterns: NaN in FP16, BF16 and FP32): the router's
- * logits and shared gate [M, E + 1], the shared expert's output [M, H], the W13 intermediates
- * [M k, il], the expert outputs [M k, H] and the block output [M, H] must be bit-identical, and
- * neither run may leave a poisoned element. Exits 1 naming the first difference. */
 #ifdef TD_TIMELINE
 /* --timeline: n replays of each block graph, one at a time, every kernel's first start and last
  * end per role (cuda/timeline.cuh), medians relative to the call's first start */
@@ -422,6 +417,11 @@ static void timeline(const std::vector<cudaGraphExec_t> &gb, int n, int64_t M, c
 }
 #endif
 
+/* The block of route set 0 run twice, with the switch off and on, every output and intermediate
+ * poisoned before each run (all-ones bit patterns: NaN in FP16, BF16 and FP32): the router's
+ * logits and shared gate [M, E + 1], the shared expert's output [M, H], the W13 intermediates
+ * [M k, il], the expert outputs [M k, H] and the block output [M, H] must be bit-identical, and
+ * neither run may leave a poisoned element. Exits 1 naming the first difference. */
 template <typename F>
 static void switch_check(const flag_check &fc, int64_t M, int64_t k, int64_t il, int64_t H, int64_t E,
                          cu_block_shape &shape, const cu_block_ws &ws, F run)
