@@ -21,6 +21,15 @@
  *   (which lets the next such kernel start) only after that wait, so a kernel that starts
  *   early may rely on everything before its predecessor being complete. Without pdl (or for
  *   a kernel launched with <<<>>>) both calls are no-ops.
+ * - Every cu_launch asks for the SM's whole shared memory as the kernel's carveout (the
+ *   preferred shared-memory / L1 split), whatever the kernel uses. An SM whose resident blocks
+ *   run with a smaller carveout does not take a block that needs more shared memory until it
+ *   has drained, so with carveouts left to the driver the blocks of the kernels that run side
+ *   by side in the MoE block (router, shared expert, routing, the routed W13 and W2 launched
+ *   early as programmatic dependents) kept SMs from the next kernel's blocks; with one
+ *   carveout every SM with room can take them (docs/perf.md). A hint to the driver; no number
+ *   changes. Kernels launched with <<<>>> (the first of a block, the generic CUDA-core path)
+ *   keep the driver's choice.
  * - Bulk copies into shared memory on mbarriers (sm_90): cu_mbar_init / cu_mbar_init_fence,
  *   cu_mbar_expect + cu_bulk_copy (one thread), cu_mbar_wait (the readers), on shared-memory
  *   addresses from cu_smem_addr (the decode kernel's rings, bench/gpu/mem_probe).
@@ -158,11 +167,13 @@ static inline cudaError_t cu_launch(void (*kernel)(P...), dim3 grid, dim3 block,
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute at = {};
-    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &at;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cudaLaunchAttribute at[2] = {};
+    at[0].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    at[0].val.sharedMemCarveout = cudaSharedmemCarveoutMaxShared;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 2 : 1;
     return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 

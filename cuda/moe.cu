@@ -299,6 +299,7 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(const float *logits, in
     const int64_t t = blockIdx.x;
     const float *l = logits + t * ld;
     cu_pdl_wait();
+    tl_.waited();
     cu_pdl_release();
     float p[ROUTE_PER];
     float m = -INFINITY;
@@ -540,6 +541,7 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route_small(const float *logi
     __shared__ float slot_v[32];
     __shared__ int slot_i[32];
     cu_pdl_wait();
+    tl_.waited();
     cu_pdl_release();
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     const int64_t t = blockIdx.x;
@@ -548,13 +550,16 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route_small(const float *logi
     /* with a NaN logit the sum below is NaN, so the max's value does not matter */
     float m = present && !isnan(x) ? x : -INFINITY;
     for (int off = 16; off >= 1; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    cu_tl_mark(CU_TL_ROUTE, 0); /* the logits loaded, the warp's max */
     if (lane == 0) red[0][w] = m;
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < ROUTE_WARPS; i++) m = fmaxf(m, red[0][i]);
+    cu_tl_mark(CU_TL_ROUTE, 1); /* the max */
     const float e = present ? (float)exp((double)__fsub_rn(x, m)) : 0.0f;
     float part = __fadd_rn(0.0f, e);
     for (int off = 16; off >= 1; off >>= 1) part = __fadd_rn(part, __shfl_xor_sync(0xffffffffu, part, off));
+    cu_tl_mark(CU_TL_ROUTE, 2); /* the exponential, the warp's sum */
     if (lane == 0) red[1][w] = part;
     __syncthreads();
     /* the xor butterfly over the 16 warp sums (offsets 8, 4, 2, 1) as a tree */
@@ -569,6 +574,7 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route_small(const float *logi
     const float p = present ? __fdiv_rn(e, sum) : 0.0f;
     pv[tid] = p;
     const int pnan = __syncthreads_or(present && isnan(p));
+    cu_tl_mark(CU_TL_ROUTE, 3); /* the probabilities */
     if (w != 0) return;
     float mv = 0.0f; /* slot `lane`: value, expert */
     int mi = 0;
@@ -586,6 +592,7 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route_small(const float *logi
         }
         route_topk(b, taken, lmax, k, lane, cand, slot_v, slot_i, mv, mi);
     }
+    cu_tl_mark(CU_TL_ROUTE, 4); /* the top-k */
     route_store(mv, mi, k, lane, renorm, ids + t * k, weights + t * k);
 }
 
@@ -607,6 +614,7 @@ __global__ void __launch_bounds__(ROUTE_WARP_TOKENS * 32) k_route_warp(const flo
     __shared__ float slot_v[ROUTE_WARP_TOKENS][32];
     __shared__ int slot_i[ROUTE_WARP_TOKENS][32];
     cu_pdl_wait();
+    tl_.waited();
     cu_pdl_release();
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int64_t t = (int64_t)blockIdx.x * ROUTE_WARP_TOKENS + w;
@@ -754,6 +762,7 @@ __global__ void k_combine(const float *weights, const void *eout, int64_t k, con
 {
     const cu_tl_guard tl_(CU_TL_COMBINE);
     cu_pdl_wait();
+    tl_.waited();
     cu_pdl_release();
     const int64_t HC = H / CPT, q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (q >= M * HC) return;

@@ -736,6 +736,14 @@ __device__ __forceinline__ void mm_compute(const mm_args &a, int64_t mat, int ba
     }
 }
 
+/* A GEMM launch's role in the timeline build (cuda/timeline.cuh): BF16 weights are the router
+ * (FP32 logits) and the shared expert's W13 (SwiGLU) and W2, NVFP4 weights the routed W13 and W2 */
+__device__ __forceinline__ int mm_tl_role(bool bf16_weights, int epi)
+{
+    if (bf16_weights) return epi == CU_MM_F32 ? CU_TL_ROUTER : epi == CU_MM_SWIGLU ? CU_TL_SH13 : CU_TL_SH2;
+    return epi == CU_MM_SWIGLU ? CU_TL_W13 : CU_TL_W2;
+}
+
 /* Partial sums of steps [k0, k1) of row tile rt for NT n-tiles (acc from +0); with `stage`,
  * the block stages the inputs once the first weights are on their way. WK: 0 NVFP4
  * prepared, 1 NVFP4 raw, 2 BF16. */
@@ -757,9 +765,11 @@ __device__ __forceinline__ void mm_chunk(const mm_args &a, int64_t mat, int64_t 
         mm_regs<PF> r;
         /* decode-sized calls read each BF16 weight once: evict-first */
         mm_load<WK, PF>(a.c.W, a.geo.KS, mat, rt, base, n, lane, r, a.split != 0);
+        if (base == k0) cu_tl_mark(mm_tl_role(WK == 2, a.c.epi), 0); /* the first loads issued */
         if (stage && base == k0) { /* while the weights load */
             if (early) { /* the first weights were issued before the previous kernel ended */
                 cu_pdl_wait();
+                cu_tl_waited(mm_tl_role(WK == 2, a.c.epi));
                 cu_pdl_release();
             }
             if (s0 > 0) __syncthreads(); /* a later part: every warp is done with the one before */
@@ -767,8 +777,10 @@ __device__ __forceinline__ void mm_chunk(const mm_args &a, int64_t mat, int64_t 
              * range groups, the chunks on NC warps, K staged whole) */
             if (WK == 2 && a.c.xst) stage_img<SPLIT>(a, slot0, count, xs);
             else stage_x<SPLIT, 2, WK < 2 && ACT == 2 ? 2 : 0>(a, plist, slot0, count, xs, s0, s1);
+            cu_tl_mark(mm_tl_role(WK == 2, a.c.epi), 1); /* the inputs staged */
         }
         mm_compute<WK, ACT, NT, PF>(a, mat, base, n, count, xs, s0, lane, r, acc);
+        if (base == k0) cu_tl_mark(mm_tl_role(WK == 2, a.c.epi), 2); /* the first steps computed */
         if (base + PF >= k1) break;
     }
 }
@@ -924,14 +936,6 @@ __device__ __forceinline__ bool mm_group(const mm_args &a, int64_t gy, int64_t &
 
 /* ==== kernels ================================================================================ */
 
-/* A GEMM launch's role in the timeline build (cuda/timeline.cuh): BF16 weights are the router
- * (FP32 logits) and the shared expert's W13 (SwiGLU) and W2, NVFP4 weights the routed W13 and W2 */
-__device__ __forceinline__ int mm_tl_role(bool bf16_weights, int epi)
-{
-    if (bf16_weights) return epi == CU_MM_F32 ? CU_TL_ROUTER : epi == CU_MM_SWIGLU ? CU_TL_SH13 : CU_TL_SH2;
-    return epi == CU_MM_SWIGLU ? CU_TL_W13 : CU_TL_W2;
-}
-
 template <int WK, int ACT, int NTMAX>
 __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 : NTMAX == 1 ? 3 : 2) k_mm(mm_args a)
 {
@@ -947,6 +951,7 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 :
     const bool early = c.pdl == 1 && !c.perm && !c.ids;
     if (!early) {
         cu_pdl_wait();
+        tl_.waited();
         cu_pdl_release();
     }
     int64_t mat, slot0;
@@ -969,7 +974,9 @@ __global__ void __launch_bounds__(MM_MAX_WARPS * 32, WK == 2 && NTMAX == 1 ? 2 :
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) red[warp][nt][e][lane] = v[nt][e];
+        cu_tl_mark(mm_tl_role(WK == 2, c.epi), 3); /* the chunk's sums (after its last steps) */
         __syncthreads();
+        cu_tl_mark(mm_tl_role(WK == 2, c.epi), 4); /* every warp's sums */
         if (kw != 0 || !live) return;
         for (int nt = 0; nt < 2; nt++)
             for (int e = 0; e < 4; e++) {
@@ -1080,6 +1087,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32, 2) k_gemm(mm_args a)
     const int64_t rt = (int64_t)blockIdx.x * GM_WARPS + warp, mat = c.mat_off;
     const bool live = rt < c.W.R / 16;
     cu_pdl_wait();
+    tl_.waited();
     cu_pdl_release();
     uint4 q4[GM_U];
     gm_fetch(a, t0, count, 0, chunk < KS ? chunk : KS, q4);
@@ -1371,6 +1379,7 @@ __global__ void __launch_bounds__(wp_threads(WG), WG == 1 ? 2 : 1) k_wgp(mm_args
     }
     __syncthreads();
     cu_pdl_wait();
+    tl_.waited();
     cu_pdl_release();
     if (warp == ISSUER) {
         /* the issuing warp's lane 0: once the consumers gave stage s's slot back, the weights of
@@ -1847,7 +1856,10 @@ __global__ void __launch_bounds__(DW * 32, dec_blocks(NT, DW)) k_dec(mm_args a, 
      * lets its dependents launch, issues its first weight chunks, and waits for its
      * predecessor only before it reads the input rows; otherwise it waits first */
     const bool early = c.pdl == 1;
-    if (!early) cu_pdl_wait();
+    if (!early) {
+        cu_pdl_wait();
+        tl_.waited();
+    }
     cu_pdl_release();
     /* items: groups x blocks of DW row tiles, item = g * tbx + tb; this block's contiguous share */
     int it0, it1;
@@ -1885,7 +1897,10 @@ __global__ void __launch_bounds__(DW * 32, dec_blocks(NT, DW)) k_dec(mm_args a, 
     const uint32_t ring_s = cu_smem_addr(ring), bar_s = cu_smem_addr(bar); /* shared-memory addresses */
     for (int st = 0; st < DEC_STAGES && is.more(); st++)
         is.issue(a, tbx, warp, lane, ring_s + st * Z::chunk, bar_s + st * 8);
-    if (early) cu_pdl_wait();
+    if (early) {
+        cu_pdl_wait();
+        tl_.waited();
+    }
     stage_x<false, 4, SC>(a, cur.plist, cur.slot0, cur.count, xs, 0, -1, xs_emax2(0), xs_emax2(1));
     int slot = 0;
     uint32_t phases = 0; /* bit s: the phase buffer s waits for next */
@@ -2056,7 +2071,10 @@ __global__ void __launch_bounds__(W2C_MAX_K * 32, 2) k_w2c(mm_args a, cu_w2c_arg
                    warp * (int)a.geo.xs_w;
     /* pdl 1: the routes predate this kernel (k_dec's early loads) */
     const bool early = c.pdl == 1;
-    if (!early) cu_pdl_wait();
+    if (!early) {
+        cu_pdl_wait();
+        tl_.waited();
+    }
     cu_pdl_release();
     const int items = (int)(c.nslots / k) * RT, G = (int)gridDim.x, b = (int)blockIdx.x;
     const int per = items / G, rem = items - per * G;
@@ -2075,7 +2093,10 @@ __global__ void __launch_bounds__(W2C_MAX_K * 32, 2) k_w2c(mm_args a, cu_w2c_arg
     is.mat = 0;
     for (int st = 0; st < DEC_STAGES && is.it < it1; st++)
         is.issue<CH>(a, k, RT, warp, lane, ring_s + st * Z::chunk, bar_s + st * 8);
-    if (early) cu_pdl_wait();
+    if (early) {
+        cu_pdl_wait();
+        tl_.waited();
+    }
     dec_pos cur;
     cur.g = 0;
     cur.tb = 0;
@@ -2177,6 +2198,7 @@ __global__ void __launch_bounds__(GROUP_SMALL) k_group_small(const int32_t *ids,
     __shared__ int32_t npk[GROUP_SMALL]; /* packs of the slot's expert at its first slot, else 0 */
     const int s = threadIdx.x;
     cu_pdl_wait();
+    tl_.waited();
     cu_pdl_release();
     int e = -1;
     if (s < ns) {
@@ -2241,6 +2263,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, 1) k_group(const int32_t *ids, 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int emask = (int)((1u << ebits) - 1u);
     cu_pdl_wait();
+    tl_.waited();
     cu_pdl_release();
     /* 0 */
     for (int base = 0; base < sw; base += 8 * GROUP_THREADS) {

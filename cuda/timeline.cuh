@@ -8,6 +8,14 @@
  *   (atomicMin: the first block's start); its destructor, on every return path, takes it on
  *   lane 0 of every warp and keeps the greatest (atomicMax: the last warp's end). Integer
  *   atomics on a table of the translation unit; no number the kernels compute changes.
+ * - cu_tl_waited(role), right after a kernel's wait for its predecessor (cu_pdl_wait), takes
+ *   the timer on thread 0 of every block and keeps the least and the greatest: when the first
+ *   and the last block were let through. A kernel that never calls it reads wait = ~0.
+ * - cu_tl_mark(role, i), i < CU_TL_MARKS, on thread 0 of each block that reaches it, keeps the
+ *   greatest timer value: when the last block's first warp passed point i of the kernel (the
+ *   phases of k_mm and of the routing kernel; 0 where nothing marked it). Every stamp is an
+ *   atomic on one address per role and column, so stamps themselves take time: the build's
+ *   spans are longer than the default build's (docs/perf.md).
  * - The table is per translation unit (cuda/moe.cu and cuda/moe_mma.cu each have one): its
  *   host accessor in each (cu_moe_timeline, cu_mm_timeline) copies it out and resets it (start
  *   to all ones, end to 0) for the next call. A role that no kernel of the call took reads
@@ -35,7 +43,11 @@ enum cu_tl_role {
 };
 
 #ifdef TD_TIMELINE
-static __device__ unsigned long long cu_tl_tab[CU_TL_N][2];
+/* per role: first start, last end, first and last return from the predecessor wait */
+#define CU_TL_COLS 4
+static __device__ unsigned long long cu_tl_tab[CU_TL_N][CU_TL_COLS];
+#define CU_TL_MARKS 8
+static __device__ unsigned long long cu_tl_mk[CU_TL_N][CU_TL_MARKS];
 
 __device__ __forceinline__ unsigned long long cu_tl_now()
 {
@@ -44,35 +56,64 @@ __device__ __forceinline__ unsigned long long cu_tl_now()
     return t;
 }
 
+__device__ __forceinline__ void cu_tl_waited(int role)
+{
+    if (threadIdx.x == 0) {
+        const unsigned long long t = cu_tl_now();
+        atomicMin(&cu_tl_tab[role][2], t);
+        atomicMax(&cu_tl_tab[role][3], t);
+    }
+}
+
+__device__ __forceinline__ void cu_tl_mark(int role, int i)
+{
+    if (threadIdx.x == 0) atomicMax(&cu_tl_mk[role][i], cu_tl_now());
+}
+
 struct cu_tl_guard {
     int role;
     __device__ explicit cu_tl_guard(int r) : role(r)
     {
         if (threadIdx.x == 0) atomicMin(&cu_tl_tab[role][0], cu_tl_now());
     }
+    __device__ void waited() const { cu_tl_waited(role); }
     __device__ ~cu_tl_guard()
     {
         if ((threadIdx.x & 31u) == 0) atomicMax(&cu_tl_tab[role][1], cu_tl_now());
     }
 };
 
-/* copy the table out (out: CU_TL_N x {start, end}) and reset it; returns a cudaError_t */
+/* copy the tables out (out: CU_TL_N x {start, end, first wait, last wait}, then CU_TL_N x
+ * CU_TL_MARKS marks) and reset them (starts and first waits to all ones, the rest to 0);
+ * returns a cudaError_t */
 static inline int cu_tl_take(uint64_t *out)
 {
-    unsigned long long h[CU_TL_N][2], init[CU_TL_N][2];
-    for (int i = 0; i < CU_TL_N; i++) init[i][0] = ~0ull, init[i][1] = 0;
+    unsigned long long h[CU_TL_N][CU_TL_COLS], init[CU_TL_N][CU_TL_COLS], mk[CU_TL_N][CU_TL_MARKS], z[CU_TL_N][CU_TL_MARKS];
+    for (int i = 0; i < CU_TL_N; i++) init[i][0] = init[i][2] = ~0ull, init[i][1] = init[i][3] = 0;
+    for (int i = 0; i < CU_TL_N; i++)
+        for (int j = 0; j < CU_TL_MARKS; j++) z[i][j] = 0;
     int e = (int)cudaMemcpyFromSymbol(h, cu_tl_tab, sizeof h);
     if (!e) e = (int)cudaMemcpyToSymbol(cu_tl_tab, init, sizeof init);
-    for (int i = 0; i < CU_TL_N; i++) out[2 * i] = h[i][0], out[2 * i + 1] = h[i][1];
+    if (!e) e = (int)cudaMemcpyFromSymbol(mk, cu_tl_mk, sizeof mk);
+    if (!e) e = (int)cudaMemcpyToSymbol(cu_tl_mk, z, sizeof z);
+    for (int i = 0; i < CU_TL_N; i++)
+        for (int j = 0; j < CU_TL_COLS; j++) out[CU_TL_COLS * i + j] = h[i][j];
+    for (int i = 0; i < CU_TL_N; i++)
+        for (int j = 0; j < CU_TL_MARKS; j++) out[CU_TL_COLS * CU_TL_N + CU_TL_MARKS * i + j] = mk[i][j];
     return e;
 }
 
 /* each translation unit's table (cu_tl_take on it) */
-int cu_moe_timeline(uint64_t *out); /* cuda/moe.cu: round, routing, combine */
+int cu_moe_timeline(uint64_t *out); /* cuda/moe.cu: round, routing, combine; out: CU_TL_N x (CU_TL_COLS + CU_TL_MARKS) */
 int cu_mm_timeline(uint64_t *out);  /* cuda/moe_mma.cu: the GEMMs, grouping, the staged round */
 #else
+#define CU_TL_COLS 4
+#define CU_TL_MARKS 8
+__device__ __forceinline__ void cu_tl_waited(int) {}
+__device__ __forceinline__ void cu_tl_mark(int, int) {}
 struct cu_tl_guard {
     __device__ explicit cu_tl_guard(int) {}
+    __device__ void waited() const {}
 };
 #endif
 

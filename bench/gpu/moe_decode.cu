@@ -63,7 +63,10 @@
  * timing each M, N replays of every route set's block graph, one at a time, each kernel
  * stamping the global timer at its first block's start and its last warp's end; printed per
  * role (round, router, shared W13 / W2, routing, grouping, W13, W2, combine): the medians of
- * start and end relative to the call's first start, and of the call's span.
+ * start, of the first and the last block's return from the wait for its predecessor ("waited",
+ * "last w"; a kernel that waits at all), and of end, relative to the call's first start, and of
+ * the call's span; then per role the points its kernels mark (cu_tl_mark: when the last block
+ * passed each; k_mm and the routing kernel).
  * Byte floors: bytes the call must read at least (routed: the distinct experts of the call's
  * routes x this storage's W13+W2 bytes incl. scales, plus the input and output activations;
  * block: plus the router and the shared expert) over the copy bandwidth measured here
@@ -379,8 +382,11 @@ static void timeline(const std::vector<cudaGraphExec_t> &gb, int n, int64_t M, c
 {
     static const char *const names[CU_TL_N] = {"round", "router + gate", "shared W13", "shared W2", "routing",
                                                "grouping", "W13", "W2", "combine"};
-    std::vector<double> st[CU_TL_N], en[CU_TL_N], span;
-    uint64_t a[2 * CU_TL_N], b[2 * CU_TL_N];
+    std::vector<double> st[CU_TL_N], en[CU_TL_N], w0[CU_TL_N], w1[CU_TL_N], span;
+    const int C = CU_TL_COLS; /* start, end, first and last wait */
+    const int MK = CU_TL_COLS * CU_TL_N; /* the marks after the columns */
+    uint64_t a[CU_TL_COLS * CU_TL_N + CU_TL_MARKS * CU_TL_N], b[CU_TL_COLS * CU_TL_N + CU_TL_MARKS * CU_TL_N];
+    std::vector<double> mk[CU_TL_N][CU_TL_MARKS];
     BENCH_CK(cudaDeviceSynchronize());
     BENCH_CK((cudaError_t)cu_moe_timeline(a));
     BENCH_CK((cudaError_t)cu_mm_timeline(b));
@@ -393,15 +399,27 @@ static void timeline(const std::vector<cudaGraphExec_t> &gb, int n, int64_t M, c
             uint64_t t0 = ~0ull, t1 = 0;
             for (int i = 0; i < CU_TL_N; i++) {
                 /* a role in both tables (the round) keeps the earlier start and the later end */
-                a[2 * i] = std::min(a[2 * i], b[2 * i]);
-                a[2 * i + 1] = std::max(a[2 * i + 1], b[2 * i + 1]);
-                if (a[2 * i] != ~0ull) t0 = std::min(t0, a[2 * i]), t1 = std::max(t1, a[2 * i + 1]);
+                uint64_t *x = a + C * i, *y = b + C * i;
+                x[0] = std::min(x[0], y[0]), x[1] = std::max(x[1], y[1]);
+                x[2] = std::min(x[2], y[2]), x[3] = std::max(x[3], y[3]);
+                if (x[0] != ~0ull) t0 = std::min(t0, x[0]), t1 = std::max(t1, x[1]);
+                for (int j = 0; j < CU_TL_MARKS; j++)
+                    a[MK + CU_TL_MARKS * i + j] = std::max(a[MK + CU_TL_MARKS * i + j], b[MK + CU_TL_MARKS * i + j]);
             }
-            for (int i = 0; i < CU_TL_N; i++)
-                if (a[2 * i] != ~0ull) {
-                    st[i].push_back((double)(a[2 * i] - t0) * 1e-3);
-                    en[i].push_back((double)(a[2 * i + 1] - t0) * 1e-3);
+            for (int i = 0; i < CU_TL_N; i++) {
+                const uint64_t *x = a + C * i;
+                if (x[0] == ~0ull) continue;
+                st[i].push_back((double)(x[0] - t0) * 1e-3);
+                en[i].push_back((double)(x[1] - t0) * 1e-3);
+                if (x[2] != ~0ull) { /* the kernel waited for its predecessor */
+                    w0[i].push_back((double)(x[2] - t0) * 1e-3);
+                    w1[i].push_back((double)(x[3] - t0) * 1e-3);
                 }
+                for (int j = 0; j < CU_TL_MARKS; j++) {
+                    const uint64_t m = a[MK + CU_TL_MARKS * i + j];
+                    if (m) mk[i][j].push_back((double)(m - t0) * 1e-3);
+                }
+            }
             span.push_back((double)(t1 - t0) * 1e-3);
         }
     auto med = [](std::vector<double> v) {
@@ -410,10 +428,20 @@ static void timeline(const std::vector<cudaGraphExec_t> &gb, int n, int64_t M, c
     };
     printf("timeline M=%lld (us from the call's first kernel start; medians of %zu calls): span %.2f\n",
            (long long)M, span.size(), med(span));
-    printf("  %-14s %8s %8s %8s\n", "role", "start", "end", "length");
+    printf("  %-14s %8s %8s %8s %8s %8s\n", "role", "start", "waited", "last w", "end", "length");
     for (int i = 0; i < CU_TL_N; i++)
         if (!st[i].empty())
-            printf("  %-14s %8.2f %8.2f %8.2f\n", names[i], med(st[i]), med(en[i]), med(en[i]) - med(st[i]));
+            printf("  %-14s %8.2f %8.2f %8.2f %8.2f %8.2f\n", names[i], med(st[i]), med(w0[i]), med(w1[i]), med(en[i]),
+                   med(en[i]) - med(st[i]));
+    for (int i = 0; i < CU_TL_N; i++) { /* the marked points: when the last block passed each */
+        bool any = false;
+        for (int j = 0; j < CU_TL_MARKS; j++) any |= !mk[i][j].empty();
+        if (!any) continue;
+        printf("  %-14s marks", names[i]);
+        for (int j = 0; j < CU_TL_MARKS; j++)
+            if (!mk[i][j].empty()) printf("  %d: %.2f", j, med(mk[i][j]));
+        printf("\n");
+    }
 }
 #endif
 
