@@ -664,6 +664,17 @@ static td_status cu_load(const char *checkpoint, const td_variant *v, td_engine 
             st = alloc_ws(c, err);
             if (st) goto fail;
         }
+        /* The weights' uploads (cudaMemcpy from pageable memory may return before its DMA
+         * ends) and the workspace's NaN poison (cudaMemset) ran on the legacy default stream,
+         * which the block's non-blocking streams do not wait for: a first call could read
+         * weights not yet there, or have its outputs overwritten by the poison (seen as NaN
+         * outputs while other processes kept the GPU busy). They complete here. */
+        ce = cudaDeviceSynchronize();
+        if (ce != cudaSuccess) {
+            st = td_err_set(err, TD_ERR_INTERNAL, "engine cuda: %s: completing the uploads: %s", checkpoint,
+                            cudaGetErrorString(ce));
+            goto fail;
+        }
     }
     *out = &c->base;
     return TD_OK;

@@ -73,6 +73,10 @@
 #             direct and grouped, M = 1..16 and 784 grouped, bf16 grouped M = 1, 16, 784 and
 #             bf16 direct M = 1..16, the two binaries alternating, two runs each (routed and
 #             block times per call, no cuBLAS)
+#   contend   test_cuda_moe twice side by side while two other processes keep the GPU busy with
+#             the bench (M = 16 and 784), then alone: the engine's results must not depend on
+#             what else runs (a load that left its uploads and its workspace poison on the
+#             legacy default stream unfinished failed 10 to 15 of 23 tests this way)
 set -u
 out=$1; shift
 secs=${*:-tests bench audit sanitize sanitize_parts}
@@ -258,6 +262,15 @@ ab_bf16)
         > "$out/logs/ncub_${bin}_M$m.txt"
     done
   done ;;
+contend)
+  noise() { local end=$(( $(date +%s) + $1 )); while [ $(date +%s) -lt $end ]; do
+      $B/moe_decode --no-cublas --M 16,784 --iters 50 --sets 4 > /dev/null 2>&1; done; }
+  noise 170 & noise 170 &
+  for i in 1 2; do
+    ( mkdir -p $TD_TEST_TMP/contend_$i; TD_TEST_TMP=$TD_TEST_TMP/contend_$i t test_cuda_moe_loaded_$i $B/test_cuda_moe ) &
+  done
+  wait
+  t test_cuda_moe_alone $B/test_cuda_moe ;;
 ab)
   [ -x $B/moe_decode_base ] || { echo "ab: no $B/moe_decode_base"; exit 2; }
   for run in 1 2; do
