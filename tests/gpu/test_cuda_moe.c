@@ -52,12 +52,17 @@
  * - routing with 1,100 experts (three per thread of the routing kernel) against ref's top-k
  *   ids, and a token whose logits are all NaN (experts 0..k-1, as ref; its neighbours
  *   unaffected).
+ * - the engine's load returns with its device work done: with every SM held by a spinning
+ *   kernel (cuda/busy.h) the legacy stream is idle after td_engine_load (a cudaMemset queued
+ *   the same way stays pending: the control), and the first calls equal an idle load's.
+ * TD_TEST_FILTER (a CMocka pattern, e.g. "cuda_load*") runs only the tests it names.
  * Without a CUDA device every test skips with a message.
  */
 #include "test_common.h"
 #include "engine_test.h"
 #include "moe_fixture.h"
 #include "cuda/nvfp4_layout.h"
+#include "cuda/busy.h"
 #include "cuda/dec_split.h"
 #include "cuda/group_pack.h"
 #include "engine.h"
@@ -67,6 +72,7 @@
 #include "audit/routes.h"
 
 #include <math.h>
+#include <time.h>
 
 #define GUARD 64
 #define CANARY 12345.0f
@@ -1219,6 +1225,96 @@ static void cuda_rejects(void **state)
     mf_free(&m);
 }
 
+/* How long k_busy holds the GPU in cuda_load_completes: longer than the fixture's load. */
+#define BUSY_MS 400
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+}
+
+/* The engine's load leaves none of its device work unfinished. Its uploads and its workspace's
+ * NaN poison run on the legacy default stream, which the block's non-blocking streams do not
+ * wait for. With every SM held by k_busy (cuda/busy.h), a cudaMemset on the legacy stream stays
+ * pending (the control: what the load's own poison did before the load ended with a device
+ * synchronization), and td_engine_load must return with the legacy stream idle; the first calls
+ * after it, enqueued at once, must equal those of an engine loaded on an idle GPU bit for bit
+ * (fp16 and fp32, M = 1 and 4, natural routes), every output written, canaries untouched. */
+static void cuda_load_completes(void **state)
+{
+    (void)state;
+    mf_opts o;
+    shape(&o, 31, 256, 32, 4, 128, 128);
+    mf_model m;
+    const char *dir = fixture_or_skip("gpu_busy", &o, &m);
+    char msg[256];
+    td_cuda_busy *b = NULL;
+    void *p = NULL;
+    if (td_cuda_busy_begin(BUSY_MS, &b, msg, sizeof msg)) fail_msg("td_cuda_busy_begin: %s", msg);
+    print_message("  k_busy: %s\n", msg);
+    if (td_cuda_legacy_memset((size_t)1 << 20, &p, msg, sizeof msg)) fail_msg("control: %s", msg);
+    const int control = td_cuda_legacy_pending(msg, sizeof msg);
+    if (td_cuda_busy_end(b, msg, sizeof msg)) fail_msg("td_cuda_busy_end: %s", msg);
+    if (td_cuda_free(p, msg, sizeof msg)) fail_msg("control: %s", msg);
+    if (control != 1)
+        fail_msg("control: a cudaMemset queued behind k_busy is %s", control == 0 ? "already done" : msg);
+    print_message("  control: a cudaMemset queued behind k_busy is pending\n");
+    static const char *const variants[] = {"cuda:act_dtype=fp16", "cuda"};
+    static const int64_t Ms[] = {1, 4};
+    const int64_t H = o.hidden;
+    float x[4 * 256];
+    td_rng rng;
+    td_rng_seed(&rng, 31);
+    for (size_t i = 0; i < TD_ARRAY_LEN(x); i++) x[i] = td_rng_normal_f32(&rng);
+    for (size_t vi = 0; vi < TD_ARRAY_LEN(variants); vi++) {
+        const char *v = variants[vi];
+        td_engine *idle = td_test_engine(dir, v);
+        float *want[2], *got[2];
+        td_err err;
+        for (int j = 0; j < 2; j++) {
+            want[j] = guarded((size_t)(Ms[j] * H));
+            got[j] = guarded((size_t)(Ms[j] * H));
+            td_block_call c = {0, TD_BLOCK_MOE, Ms[j], x, want[j] + GUARD, NULL, NULL};
+            if (td_engine_run_block(idle, &c, &err)) fail_msg("%s (idle): %s", v, err.msg);
+        }
+        td_engine_free(idle);
+        td_variant var;
+        assert_int_equal(td_variant_parse(v, &var, &err), TD_OK);
+        td_engine *e = NULL;
+        if (td_cuda_busy_begin(BUSY_MS, &b, msg, sizeof msg)) fail_msg("td_cuda_busy_begin: %s", msg);
+        const double t0 = now_ms();
+        const td_status st = td_engine_load(dir, &var, &e, &err);
+        const double t1 = now_ms();
+        const int pending = td_cuda_legacy_pending(msg, sizeof msg);
+        td_status sc = TD_OK;
+        for (int j = 0; j < 2 && !st && !sc; j++) {
+            td_block_call c = {0, TD_BLOCK_MOE, Ms[j], x, got[j] + GUARD, NULL, NULL};
+            sc = td_engine_run_block(e, &c, &err);
+        }
+        if (td_cuda_busy_end(b, msg, sizeof msg)) fail_msg("td_cuda_busy_end: %s", msg);
+        if (st) fail_msg("%s: load with the GPU busy: %s", v, err.msg);
+        if (sc) fail_msg("%s: call with the GPU busy: %s", v, err.msg);
+        print_message("  %-20s load with the GPU busy for %d ms: %.1f ms, legacy stream %s\n", v, BUSY_MS, t1 - t0,
+                      pending == 0 ? "idle" : pending == 1 ? "still busy" : msg);
+        if (pending != 0) fail_msg("%s: the load returned with work left on the legacy stream", v);
+        for (int j = 0; j < 2; j++) {
+            const size_t n = (size_t)(Ms[j] * H);
+            check_guards(got[j], n, v);
+            for (size_t i = 0; i < n; i++)
+                if (!isfinite(got[j][GUARD + i])) fail_msg("%s M=%lld: output %zu not finite", v, (long long)Ms[j], i);
+            if (memcmp(got[j] + GUARD, want[j] + GUARD, n * sizeof(float)))
+                fail_msg("%s M=%lld: the first call after a busy load differs from an idle load's", v,
+                         (long long)Ms[j]);
+            free(want[j]);
+            free(got[j]);
+        }
+        td_engine_free(e);
+    }
+    mf_free(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1229,6 +1325,7 @@ int main(void)
         cmocka_unit_test(cuda_round_stage),
         cmocka_unit_test(cuda_group_arrays),
         cmocka_unit_test(cuda_rejects),
+        cmocka_unit_test(cuda_load_completes),
         cmocka_unit_test(cuda_vs_ref_modelopt),
         cmocka_unit_test(cuda_vs_ref_ct_bf16_shared),
         cmocka_unit_test(cuda_vs_ref_bf16_experts),
@@ -1246,5 +1343,7 @@ int main(void)
         cmocka_unit_test(cuda_odd_hidden),
         cmocka_unit_test(cuda_grouping_wide),
     };
+    const char *filter = getenv("TD_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
