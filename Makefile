@@ -251,7 +251,14 @@ else
 gpu: $(GPU_TANDEM) $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
 	@echo "built $(GPU_TANDEM), $(GPU_TEST_BIN) and $(GPU_BENCH_BIN) (CUDA, sm_90)"
 
-$(GPU_OUT)/cuda/%.o: cuda/%.cu | deps
+# nvcc's flags file: objects of cuda/ and bench/gpu/ are rebuilt when NVCCFLAGS (or nvcc) change
+$(GPU_OUT)/.nvflags: FORCE | deps
+	@mkdir -p $(GPU_OUT)
+	@echo '$(NVCC) $(NVCCFLAGS_ALL)' > $@.new
+	@if ! cmp -s $@.new $@; then mv $@.new $@; \
+	  [ -n "$$TD_QUIET_FLAGS" ] || echo "* new nvcc flags for $(GPU_OUT)"; else rm -f $@.new; fi
+
+$(GPU_OUT)/cuda/%.o: cuda/%.cu $(GPU_OUT)/.nvflags | deps
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(NVCCFLAGS_ALL) -c $< -o $@
@@ -280,7 +287,7 @@ $(GPU_OUT)/tests/%: $(GPU_OUT)/tests/%.o $(GPU_LIB_OBJ) $(CUDA_OBJ)
 # the sm_90a target has
 $(GPU_OUT)/bench/mma_probe.o: NVCC_ARCH = -gencode arch=compute_90a,code=sm_90a
 $(GPU_OUT)/cuda/moe_mma.o: NVCC_ARCH = -gencode arch=compute_90a,code=sm_90a
-$(GPU_OUT)/bench/%.o: bench/gpu/%.cu | deps
+$(GPU_OUT)/bench/%.o: bench/gpu/%.cu $(GPU_OUT)/.nvflags | deps
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(NVCCFLAGS_ALL) -Idb -Iaudit -c $< -o $@
