@@ -89,12 +89,21 @@ all: $(TANDEM)
 deps:
 	@scripts/install-deps.sh
 
-# ---- flags file: rewritten only when the flags change --------------------------------------
+# ---- flags files: rewritten only when the flags change -------------------------------------
+# write_flags: the target gets FLAGS_TEXT (a compiler's whole command line) when it differs from
+# what the file holds, and says so with FLAGS_WHAT; objects depend on the file. Target-specific
+# variables, not $(call) arguments: the flags contain commas (-Xcompiler -Wall,-Wextra,...).
+define write_flags
+@mkdir -p $(@D)
+@echo '$(FLAGS_TEXT)' > $@.new
+@if ! cmp -s $@.new $@; then mv $@.new $@; \
+  [ -n "$$TD_QUIET_FLAGS" ] || echo "* new $(FLAGS_WHAT)"; else rm -f $@.new; fi
+endef
+
+$(OUT)/.flags: private FLAGS_TEXT = $(CC) $(CFLAGS_ALL) $(LDFLAGS_ALL) $(LDLIBS_ALL)
+$(OUT)/.flags: private FLAGS_WHAT = build flags for $(VARIANT)
 $(OUT)/.flags: FORCE | deps
-	@mkdir -p $(OUT)
-	@echo '$(CC) $(CFLAGS_ALL) $(LDFLAGS_ALL) $(LDLIBS_ALL)' > $(OUT)/.flags.new
-	@if ! cmp -s $(OUT)/.flags.new $@; then mv $(OUT)/.flags.new $@; \
-	  [ -n "$$TD_QUIET_FLAGS" ] || echo "* new build flags for $(VARIANT)"; else rm -f $(OUT)/.flags.new; fi
+	$(write_flags)
 
 $(OUT)/%.o: %.c $(OUT)/.flags
 	@mkdir -p $(@D)
@@ -252,11 +261,10 @@ gpu: $(GPU_TANDEM) $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
 	@echo "built $(GPU_TANDEM), $(GPU_TEST_BIN) and $(GPU_BENCH_BIN) (CUDA, sm_90)"
 
 # nvcc's flags file: objects of cuda/ and bench/gpu/ are rebuilt when NVCCFLAGS (or nvcc) change
+$(GPU_OUT)/.nvflags: private FLAGS_TEXT = $(NVCC) $(NVCCFLAGS_ALL)
+$(GPU_OUT)/.nvflags: private FLAGS_WHAT = nvcc flags for $(GPU_OUT)
 $(GPU_OUT)/.nvflags: FORCE | deps
-	@mkdir -p $(GPU_OUT)
-	@echo '$(NVCC) $(NVCCFLAGS_ALL)' > $@.new
-	@if ! cmp -s $@.new $@; then mv $@.new $@; \
-	  [ -n "$$TD_QUIET_FLAGS" ] || echo "* new nvcc flags for $(GPU_OUT)"; else rm -f $@.new; fi
+	$(write_flags)
 
 $(GPU_OUT)/cuda/%.o: cuda/%.cu $(GPU_OUT)/.nvflags | deps
 	@mkdir -p $(@D)
