@@ -31,8 +31,9 @@
  *   changes. Kernels launched with <<<>>> (the first of a block, the generic CUDA-core path)
  *   keep the driver's choice.
  * - Bulk copies into shared memory on mbarriers (sm_90): cu_mbar_init / cu_mbar_init_fence,
- *   cu_mbar_expect + cu_bulk_copy (one thread), cu_mbar_wait (the readers), on shared-memory
- *   addresses from cu_smem_addr (the decode kernel's rings, bench/gpu/mem_probe).
+ *   cu_mbar_expect + cu_bulk_copy (one thread), cu_mbar_wait (the readers; cu_mbar_wait_warp
+ *   for a whole warp that reads the buffer after it: the wait, then __syncwarp), on
+ *   shared-memory addresses from cu_smem_addr (the decode kernel's rings, bench/gpu/mem_probe).
  */
 #ifndef TD_CUDA_COMMON_CUH
 #define TD_CUDA_COMMON_CUH
@@ -156,6 +157,18 @@ __device__ __forceinline__ void cu_mbar_wait(uint32_t bar, uint32_t phase)
                      : "r"(bar), "r"(phase)
                      : "memory");
     } while (!done);
+}
+
+/* cu_mbar_wait by every lane of a warp that then reads the buffer together, followed by
+ * __syncwarp(): the lanes leave the wait's loop at different iterations, and the warp reads
+ * the buffer joined again. Each lane's own wait already orders its reads after the copy;
+ * compute-sanitizer's racecheck reported the reads of lanes that left the loop apart as
+ * potential hazards ("invalid async operation synchronization") and reports none with the
+ * join (docs/cuda.md, "The decode kernel"). */
+__device__ __forceinline__ void cu_mbar_wait_warp(uint32_t bar, uint32_t phase)
+{
+    cu_mbar_wait(bar, phase);
+    __syncwarp();
 }
 
 template <typename... P, typename... A>

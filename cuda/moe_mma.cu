@@ -1809,7 +1809,7 @@ __device__ __forceinline__ void dec_tail_run(const mm_args &a, int tbx, const td
     stage_x<false, 4, dec_sc<ACT, 1>()>(a, p.plist, p.slot0, p.count, xs, 0, -1, xs_emax2(stg), xs_emax2(stg + 1));
     float part[DEC_NA][4];
     if (live) {
-        cu_mbar_wait(bar, phases >> slot & 1u);
+        cu_mbar_wait_warp(bar, phases >> slot & 1u);
         dec_chunk_n<WK, ACT, CH, 1>(a, p, buf, xs, ch * CH, lane, part, xs_emax2(stg));
         __syncwarp(); /* every lane is done with the chunk before the partials overwrite it */
         reinterpret_cast<float4 *>(buf)[lane] = make_float4(part[0][0], part[0][1], part[0][2], part[0][3]);
@@ -1918,7 +1918,7 @@ __global__ void __launch_bounds__(DW * 32, dec_blocks(NT, DW)) k_dec(mm_args a, 
             for (int e = 0; e < 4; e++) v[nt][e] = -0.0f;
         for (int ch = 0; ch < NC; ch++) {
             if (live) {
-                cu_mbar_wait(bar_s + slot * 8, phases >> slot & 1u);
+                cu_mbar_wait_warp(bar_s + slot * 8, phases >> slot & 1u);
                 phases ^= 1u << slot;
                 float p[DEC_NA][4];
                 dec_chunk_n<WK, ACT, CH, NT>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p, xs_emax2(stg));
@@ -2130,7 +2130,7 @@ __global__ void __launch_bounds__(W2C_MAX_K * 32, 2) k_w2c(mm_args a, cu_w2c_arg
 #pragma unroll
             for (int e = 0; e < 4; e++) v[nt][e] = -0.0f; /* chunk sums from -0, as k_dec */
         for (int ch = 0; ch < NC; ch++) {
-            cu_mbar_wait(bar_s + slot * 8, phases >> slot & 1u);
+            cu_mbar_wait_warp(bar_s + slot * 8, phases >> slot & 1u);
             phases ^= 1u << slot;
             float p[DEC_NA][4];
             dec_chunk<WK, ACT, CH, 1>(a, cur, ring + slot * Z::chunk, xs, ch * CH, lane, p);

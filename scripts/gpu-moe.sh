@@ -37,8 +37,8 @@
 #             --separate-combine), three runs each: fp16 and bf16 direct and the TP4 slice,
 #             M = 1, 2, 4, 8, 16 (routed and block times)
 #   sanitize_w2c  memcheck and racecheck of the fused W2 (direct dispatch: chunks of 10 and 5
-#             steps, one and two chunks per row tile, FP16 and BF16, top-10), and racecheck of
-#             the decode kernel with raw storage
+#             steps, one and two chunks per row tile, FP16 and BF16, top-10), racecheck of the
+#             decode kernel with raw storage and of grouped calls on W13 rows of one chunk
 #   narrow    the routed experts' narrow decode-kernel blocks (4 warps, 7 per SM, where
 #             td_dec_narrow_pays takes them; moe_decode --no-dec-narrow turns them off): first
 #             --check-narrow (the block with them off and on, bit for bit, poisoned outputs) for
@@ -202,6 +202,9 @@ sanitize_w2c)
   t racecheck_w2c compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 640 --shared 160 --M 1,5 --iters 2 --sets 1 --act fp16
   t racecheck_w2c_bf16 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 320 --shared 160 --M 1,9 --iters 2 --sets 1 --act bf16
   t racecheck_w2c_tp4 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 640 --shared 640 --tp 4 --M 2,16 --iters 2 --sets 1 --act fp16
+  # grouped dispatch on W13 rows of one chunk (20 row tiles on 8-warp items): where racecheck
+  # reported the ring's reads before its wait was joined (cu_mbar_wait_warp)
+  t racecheck_grouped_nc1 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 16,25 --iters 2 --sets 1 --act fp16 --dispatch grouped
   # top-12 at 40 tokens: 800 items on 264 blocks, 3 or 4 per block (the slots' output buffers
   # by item parity reused, tokens changing inside a block), with the shared expert's term
   t racecheck_w2c_items compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 320 --shared 160 --topk 12 --M 40 --iters 2 --sets 1 --act fp16
