@@ -69,9 +69,10 @@
 #             copy build/gpu-tl/bench/moe_decode there): fp16 and bf16 direct M = 1, 4, 8, 16,
 #             fp16 and bf16 grouped M = 4 and 784
 #   ab        A/B of the bench against a baseline binary build/device/moe_decode_base (built
-#             from another commit, e.g. a git worktree, and carried beside the bundle): fp16
-#             direct and grouped, M = 1..16 and 784 grouped, bf16 grouped M = 1, 16, 784 and
-#             bf16 direct M = 1..16, the two binaries alternating, two runs each (routed and
+#             from another commit, e.g. a git worktree, and carried beside the bundle) and a
+#             third, build/device/moe_decode_alt, where it is there: fp16 direct and grouped,
+#             M = 1..16 and 784 grouped, bf16 grouped M = 1, 16, 784, bf16 direct M = 1..16 and
+#             the fp16 TP4 slice M = 1..16, the binaries alternating, three runs each (routed and
 #             block times per call, no cuBLAS)
 #   contend   test_cuda_moe twice side by side while two other processes keep the GPU busy with
 #             the bench (M = 16 and 784), then alone: the engine's results must not depend on
@@ -276,12 +277,14 @@ contend)
   t test_cuda_moe_alone $B/test_cuda_moe ;;
 ab)
   [ -x $B/moe_decode_base ] || { echo "ab: no $B/moe_decode_base"; exit 2; }
-  for run in 1 2; do
-    for bin in moe_decode moe_decode_base; do
+  bins="moe_decode moe_decode_base"; [ -x $B/moe_decode_alt ] && bins="$bins moe_decode_alt"
+  for run in 1 2 3; do
+    for bin in $bins; do
       t ab_${bin}_direct_$run $B/$bin --no-cublas --act fp16 --M 1,2,4,8,16
       t ab_${bin}_grouped_$run $B/$bin --no-cublas --act fp16 --dispatch grouped --M 1,4,8,16,784
       t ab_${bin}_bf16_$run $B/$bin --no-cublas --act bf16 --dispatch grouped --M 1,16,784
       t ab_${bin}_bf16d_$run $B/$bin --no-cublas --act bf16 --M 1,2,4,8,16
+      t ab_${bin}_tp4_$run $B/$bin --no-cublas --act fp16 --tp 4 --M 1,2,4,8,16
     done
   done ;;
 wgp784)
