@@ -78,6 +78,18 @@
 #             the bench (M = 16 and 784), then alone: the engine's results must not depend on
 #             what else runs (a load that left its uploads and its workspace poison on the
 #             legacy default stream unfinished failed 10 to 15 of 23 tests this way)
+# The compute-sanitizer lines of the sanitize* sections print their sanitizer's summary line and
+# the run's maximum resident set (/usr/bin/time, where it is there) beside rc and seconds.
+# Environment:
+#   LANES=N       (default 1: each sanitizer line runs where it stands, one at a time) queue the
+#                 sanitizer lines of every chosen section and run them N side by side after all
+#                 other sections, each lane taking the next line as it finishes one. A racecheck
+#                 at hidden 320 holds up to about 39 GB of host memory (docs/gpu-results.md), so a
+#                 line starts beside others only when MemAvailable is at least SAN_MEM_GB
+#                 (default 45), and holds the next start back for up to 20 s while its memory
+#                 grows; a line with none running beside it starts at once.
+#   SAN_LIMIT=S   (default 0: none) stop each sanitizer run after S seconds (timeout: rc 124),
+#                 so that the lines of a call limited in time end with a log each.
 set -u
 out=$1; shift
 secs=${*:-tests bench audit sanitize sanitize_parts}
@@ -91,6 +103,40 @@ cublas=$(ls /usr/local/cuda/lib64/libcublas.so.* 2>/dev/null | head -1)
 echo "cublas: $cublas" >> "$out/logs/gpu.txt"
 t() { local name=$1; shift; local t0=$(date +%s); "$@" > "$out/logs/$name.txt" 2>&1; local rc=$?;
       printf "%-28s rc=%d %ss\n" "$name" $rc $(( $(date +%s) - t0 )); }
+# s NAME CMD...: a compute-sanitizer run; at once with LANES=1, else queued for run_queue
+LANES=${LANES:-1}; SAN_MEM_GB=${SAN_MEM_GB:-45}; SAN_LIMIT=${SAN_LIMIT:-0}
+case "$LANES$SAN_MEM_GB$SAN_LIMIT" in *[!0-9]*) echo "gpu-moe.sh: LANES, SAN_MEM_GB and SAN_LIMIT take whole numbers" >&2; exit 2;; esac
+queue=()
+st() { local name=$1; shift; local t0=$(date +%s) pre=()
+  [ "$SAN_LIMIT" -gt 0 ] && pre=(timeout "$SAN_LIMIT")
+  [ -x /usr/bin/time ] && pre+=(/usr/bin/time -v)
+  "${pre[@]}" "$@" > "$out/logs/$name.txt" 2>&1; local rc=$?
+  local rss=$(awk '/Maximum resident set size/ {printf "rss %.1f GB", $NF / 1048576}' "$out/logs/$name.txt")
+  local sum=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$out/logs/$name.txt" | tail -1 | sed 's/^=* *//')
+  [ $rc -eq 124 ] && [ "$SAN_LIMIT" -gt 0 ] && sum="cut at SAN_LIMIT=${SAN_LIMIT}s, no summary"
+  printf "%-28s rc=%d %ss %s %s\n" "$name" $rc $(( $(date +%s) - t0 )) "$rss" "$sum"; }
+s() { if [ "$LANES" -le 1 ]; then st "$@"; else queue+=("$(printf '%q ' "$@")"); fi; }
+mem_gb() { awk '/^MemAvailable:/ {print int($2 / 1048576)}' /proc/meminfo; }
+# run_queue: the queued sanitizer lines in LANES lanes, in queue order, each line once
+run_queue() {
+  [ ${#queue[@]} -eq 0 ] && return 0
+  local next="$out/.queue_next" lock="$out/.queue_lock" run="$out/.queue_running" l
+  echo 0 > "$next"; mkdir -p "$run"
+  lane() { local i p k
+    while :; do
+      exec 9> "$lock"; flock 9
+      i=$(cat "$next"); echo $(( i + 1 )) > "$next"
+      if [ "$i" -ge ${#queue[@]} ]; then flock -u 9; return 0; fi
+      # wait for memory only while another line runs: alone, a line starts whatever is free
+      while [ "$(mem_gb)" -lt "$SAN_MEM_GB" ] && [ -n "$(ls -A "$run")" ]; do sleep 5; done
+      ( touch "$run/$i"; eval "st ${queue[$i]}"; rm -f "$run/$i" ) & p=$!
+      for k in $(seq 20); do kill -0 $p 2> /dev/null || break; sleep 1; done
+      flock -u 9; wait $p
+    done; }
+  echo "sanitizer lines: ${#queue[@]} in $LANES lanes (one starts beside others with ${SAN_MEM_GB} GB available)"
+  for l in $(seq "$LANES"); do lane & done
+  wait
+  rm -rf "$next" "$lock" "$run"; queue=(); }
 # abf PREFIX ON OFF FLAG: moe_decode with FLAG (logs PREFIX_ON_*) and without (PREFIX_OFF_*), the
 # two alternating, three runs each: fp16 and bf16 direct and the fp16 TP4 slice, M = 1..16
 abf() { local p=$1 on=$2 off=$3 flag=$4;
@@ -129,20 +175,20 @@ audit)
     --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,moe_dispatch=grouped,graphs=on@exact' --db "$out/audit.db" --no-progress
   t audit_edge_raw $B/tandem audit layer --model /tmp/edge --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,storage=raw' --db "$out/audit.db" --no-progress ;;
 sanitize)
-  t memcheck compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --experts 64 --M 1,3,4,5,16,40 --iters 3 --sets 2 --act fp16 --dispatch grouped
-  t memcheck_raw compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --experts 64 --M 3,17 --iters 3 --sets 2 --act bf16 --storage raw --tp 4
+  s memcheck compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --experts 64 --M 1,3,4,5,16,40 --iters 3 --sets 2 --act fp16 --dispatch grouped
+  s memcheck_raw compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --experts 64 --M 3,17 --iters 3 --sets 2 --act bf16 --storage raw --tp 4
   # hidden 320 / inter 160: chunks of 10 and 5 steps, so W13 and W2 run on the decode kernel
   # (one, two and three 8-token tiles at M = 1, 9 and 300; packs of 4 at M = 4), the grouping
   # kernels on 10 to 90 slots (k_group_small), 160 (k_group<1>) and 3,000 (k_group<8>), and the
   # routing of one warp per token at 300 tokens
-  t racecheck compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,4,9,16,300 --iters 2 --sets 1 --act fp16 --dispatch grouped
+  s racecheck compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,4,9,16,300 --iters 2 --sets 1 --act fp16 --dispatch grouped
   # the same with BF16 inputs
-  t racecheck_bf16 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,300 --iters 2 --sets 1 --act bf16 --dispatch grouped
+  s racecheck_bf16 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,300 --iters 2 --sets 1 --act bf16 --dispatch grouped
   # the decode kernel's last items by chunks: 128 experts, top-8, hidden 640 / inter 320 (W13
   # with two chunks per row tile): direct dispatch at M = 10 and 17 (400 and 680 W13 items on a
   # 132-SM GPU's 396 blocks) with FP16 inputs, grouped at M = 20 (about 90 groups) with BF16
-  t racecheck_tail compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --topk 8 --hidden 640 --inter 320 --shared 160 --M 10,17 --iters 2 --sets 1 --act fp16
-  t racecheck_tail_grouped compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --topk 8 --hidden 640 --inter 320 --shared 160 --M 20 --iters 2 --sets 1 --act bf16 --dispatch grouped ;;
+  s racecheck_tail compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --topk 8 --hidden 640 --inter 320 --shared 160 --M 10,17 --iters 2 --sets 1 --act fp16
+  s racecheck_tail_grouped compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --topk 8 --hidden 640 --inter 320 --shared 160 --M 20 --iters 2 --sets 1 --act bf16 --dispatch grouped ;;
 sanitize_parts)
   # 300 tokens, hidden 512, shared expert 2048: router, shared W13 and W2 run on k_wgp (wgmma;
   # issuer and consumer warps on mbarriers, the ring wrapping several times; the shared W13's
@@ -150,8 +196,8 @@ sanitize_parts)
   # laid out by the round, the shared W2's by k_wsplit), FP16 and BF16 inputs; the same under
   # memcheck
   for a in fp16 bf16; do
-    t racecheck_parts_$a compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 16 --hidden 512 --inter 64 --shared 2048 --topk 4 --M 300 --iters 1 --sets 1 --act $a
-    t memcheck_parts_$a compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 16 --hidden 512 --inter 64 --shared 2048 --topk 4 --M 300 --iters 1 --sets 1 --act $a
+    s racecheck_parts_$a compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 16 --hidden 512 --inter 64 --shared 2048 --topk 4 --M 300 --iters 1 --sets 1 --act $a
+    s memcheck_parts_$a compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 16 --hidden 512 --inter 64 --shared 2048 --topk 4 --M 300 --iters 1 --sets 1 --act $a
   done ;;
 kernels)
   for m in 1 4 16; do
@@ -200,19 +246,19 @@ sanitize_w2c)
   # shape M = 1 (TP1) and M = 1, 4, 8 (the TP4 slice: chunks of 5 steps); hidden 320 with
   # inter 640 (two chunks of 10 steps per row tile) at M = 1 and 5, inter 320 (one chunk) at
   # M = 1 and 9, the TP4 slice of inter 640 (one chunk of 5) at M = 2 and 16
-  t memcheck_w2c compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,3,16 --iters 3 --sets 2 --act fp16
-  t memcheck_w2c_tp4 compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,4,8,17 --iters 3 --sets 2 --act bf16 --tp 4
-  t racecheck_w2c compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 640 --shared 160 --M 1,5 --iters 2 --sets 1 --act fp16
-  t racecheck_w2c_bf16 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 320 --shared 160 --M 1,9 --iters 2 --sets 1 --act bf16
-  t racecheck_w2c_tp4 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 640 --shared 640 --tp 4 --M 2,16 --iters 2 --sets 1 --act fp16
+  s memcheck_w2c compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,3,16 --iters 3 --sets 2 --act fp16
+  s memcheck_w2c_tp4 compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,4,8,17 --iters 3 --sets 2 --act bf16 --tp 4
+  s racecheck_w2c compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 640 --shared 160 --M 1,5 --iters 2 --sets 1 --act fp16
+  s racecheck_w2c_bf16 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 320 --shared 160 --M 1,9 --iters 2 --sets 1 --act bf16
+  s racecheck_w2c_tp4 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 640 --shared 640 --tp 4 --M 2,16 --iters 2 --sets 1 --act fp16
   # grouped dispatch on W13 rows of one chunk (20 row tiles on 8-warp items): where racecheck
   # reported the ring's reads before its wait was joined (cu_mbar_wait_warp)
-  t racecheck_grouped_nc1 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 16,25 --iters 2 --sets 1 --act fp16 --dispatch grouped
+  s racecheck_grouped_nc1 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 16,25 --iters 2 --sets 1 --act fp16 --dispatch grouped
   # top-12 at 40 tokens: 800 items on 264 blocks, 3 or 4 per block (the slots' output buffers
   # by item parity reused, tokens changing inside a block), with the shared expert's term
-  t racecheck_w2c_items compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 320 --shared 160 --topk 12 --M 40 --iters 2 --sets 1 --act fp16
+  s racecheck_w2c_items compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 320 --shared 160 --topk 12 --M 40 --iters 2 --sets 1 --act fp16
   # raw storage on the decode kernel (the separate combine), the shape of racecheck_w2c_bf16
-  t racecheck_raw_dec compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 320 --shared 160 --M 1,9 --iters 2 --sets 1 --act bf16 --storage raw ;;
+  s racecheck_raw_dec compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 320 --shared 160 --M 1,9 --iters 2 --sets 1 --act bf16 --storage raw ;;
 narrow)
   for cfg in "--act fp16" "--act bf16" "--act fp16 --storage raw" "--act fp16 --tp 4" "--act bf16 --tp 4 --storage raw"; do
     n=check_narrow_$(echo $cfg | tr -d '-' | tr ' ' '_')
@@ -226,27 +272,27 @@ stage)
   done
   abf abs self staged --no-stage-img ;;
 sanitize_stage)
-  t memcheck_stage compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,9,16,200 --iters 2 --sets 1 --act fp16
-  t memcheck_stage_bf16 compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,16 --iters 2 --sets 1 --act bf16 --dispatch grouped
-  t racecheck_stage compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,17,200 --iters 2 --sets 1 --act fp16
-  t racecheck_stage_bf16 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,16 --iters 2 --sets 1 --act bf16 ;;
+  s memcheck_stage compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,9,16,200 --iters 2 --sets 1 --act fp16
+  s memcheck_stage_bf16 compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,16 --iters 2 --sets 1 --act bf16 --dispatch grouped
+  s racecheck_stage compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,17,200 --iters 2 --sets 1 --act fp16
+  s racecheck_stage_bf16 compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,16 --iters 2 --sets 1 --act bf16 ;;
 sanitize_narrow)
   # the TP4 slice, where the rule takes them: W2 (160 row tiles of one chunk) at M = 2 and 16,
   # W13 (20 row tiles of 8 chunks) at M = 16; racecheck at hidden 640 / inter 160 (W13 20 row
   # tiles of 2 chunks, W2 40 of 1, the combine apart so that W2 is k_dec's): M = 16 (W13 800
   # items on 800 blocks, W2 1,600 on 924: one or two per block, blocks crossing groups, a new
   # staged row) and M = 32 (W13 1,600 on 924)
-  t memcheck_narrow compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --tp 4 --M 2,16 --iters 2 --sets 1 --act fp16
-  t memcheck_narrow_raw compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --tp 4 --M 4,16 --iters 2 --sets 1 --act bf16 --storage raw
-  t racecheck_narrow compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --hidden 640 --inter 160 --shared 160 --M 16,32 --iters 2 --sets 1 --act fp16 --separate-combine ;;
+  s memcheck_narrow compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --tp 4 --M 2,16 --iters 2 --sets 1 --act fp16
+  s memcheck_narrow_raw compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --tp 4 --M 4,16 --iters 2 --sets 1 --act bf16 --storage raw
+  s racecheck_narrow compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --hidden 640 --inter 160 --shared 160 --M 16,32 --iters 2 --sets 1 --act fp16 --separate-combine ;;
 sanitize_bf16)
-  t memcheck_bf16 compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,4,5,16,40 --iters 2 --sets 1 --act bf16
-  t memcheck_bf16_generic compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,17 --iters 2 --sets 1 --act bf16 --kernels generic
-  t racecheck_bf16_direct compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,4,9,16,300 --iters 2 --sets 1 --act bf16
-  t racecheck_bf16_generic compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,17,40 --iters 2 --sets 1 --act bf16 --kernels generic --dispatch grouped
-  t racecheck_bf16_tail compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --topk 8 --hidden 640 --inter 320 --shared 160 --M 10,17 --iters 2 --sets 1 --act bf16
-  t racecheck_bf16_w2c compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 640 --shared 160 --M 1,5 --iters 2 --sets 1 --act bf16
-  t racecheck_bf16_narrow compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --hidden 640 --inter 160 --shared 160 --M 16,32 --iters 2 --sets 1 --act bf16 --separate-combine ;;
+  s memcheck_bf16 compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,4,5,16,40 --iters 2 --sets 1 --act bf16
+  s memcheck_bf16_generic compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,17 --iters 2 --sets 1 --act bf16 --kernels generic
+  s racecheck_bf16_direct compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,4,9,16,300 --iters 2 --sets 1 --act bf16
+  s racecheck_bf16_generic compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,17,40 --iters 2 --sets 1 --act bf16 --kernels generic --dispatch grouped
+  s racecheck_bf16_tail compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --topk 8 --hidden 640 --inter 320 --shared 160 --M 10,17 --iters 2 --sets 1 --act bf16
+  s racecheck_bf16_w2c compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 640 --shared 160 --M 1,5 --iters 2 --sets 1 --act bf16
+  s racecheck_bf16_narrow compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --hidden 640 --inter 160 --shared 160 --M 16,32 --iters 2 --sets 1 --act bf16 --separate-combine ;;
 timeline)
   [ -x $B/moe_decode_tl ] || { echo "timeline: no $B/moe_decode_tl"; exit 2; }
   for a in fp16 bf16; do
@@ -315,3 +361,4 @@ profile)
   ncu --clock-control none --kernel-name regex:'k_dec' --launch-count 1 --section SourceCounters --page source \
     --print-source sass --csv $B/moe_decode --no-cublas --M 4 --iters 1 --sets 1 --act fp16 2>&1 | gzip > "$out/logs/sass_M4.csv.gz" ;;
 esac; done
+run_queue
