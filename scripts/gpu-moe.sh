@@ -86,8 +86,9 @@
 #                 other sections, each lane taking the next line as it finishes one. A racecheck
 #                 at hidden 320 holds up to about 39 GB of host memory (docs/gpu-results.md), so a
 #                 line starts beside others only when MemAvailable is at least SAN_MEM_GB
-#                 (default 45), and holds the next start back for up to 20 s while its memory
-#                 grows; a line with none running beside it starts at once.
+#                 (default 45), and holds the next start back for up to SAN_HOLD seconds
+#                 (default 20) while its memory grows; a line with none running beside it
+#                 starts at once.
 #   SAN_LIMIT=S   (default 0: none) stop each sanitizer run after S seconds (timeout: rc 124),
 #                 so that the lines of a call limited in time end with a log each.
 set -u
@@ -104,8 +105,8 @@ echo "cublas: $cublas" >> "$out/logs/gpu.txt"
 t() { local name=$1; shift; local t0=$(date +%s); "$@" > "$out/logs/$name.txt" 2>&1; local rc=$?;
       printf "%-28s rc=%d %ss\n" "$name" $rc $(( $(date +%s) - t0 )); }
 # s NAME CMD...: a compute-sanitizer run; at once with LANES=1, else queued for run_queue
-LANES=${LANES:-1}; SAN_MEM_GB=${SAN_MEM_GB:-45}; SAN_LIMIT=${SAN_LIMIT:-0}
-case "$LANES$SAN_MEM_GB$SAN_LIMIT" in *[!0-9]*) echo "gpu-moe.sh: LANES, SAN_MEM_GB and SAN_LIMIT take whole numbers" >&2; exit 2;; esac
+LANES=${LANES:-1}; SAN_MEM_GB=${SAN_MEM_GB:-45}; SAN_LIMIT=${SAN_LIMIT:-0}; SAN_HOLD=${SAN_HOLD:-20}
+case "$LANES$SAN_MEM_GB$SAN_LIMIT$SAN_HOLD" in *[!0-9]*) echo "gpu-moe.sh: LANES, SAN_MEM_GB, SAN_LIMIT and SAN_HOLD take whole numbers" >&2; exit 2;; esac
 queue=()
 st() { local name=$1; shift; local t0=$(date +%s) pre=()
   [ "$SAN_LIMIT" -gt 0 ] && pre=(timeout "$SAN_LIMIT")
@@ -128,9 +129,9 @@ run_queue() {
       i=$(cat "$next"); echo $(( i + 1 )) > "$next"
       if [ "$i" -ge ${#queue[@]} ]; then flock -u 9; return 0; fi
       # wait for memory only while another line runs: alone, a line starts whatever is free
-      while [ "$(mem_gb)" -lt "$SAN_MEM_GB" ] && [ -n "$(ls -A "$run")" ]; do sleep 5; done
+      while [ "$(mem_gb)" -lt "$SAN_MEM_GB" ] && [ -n "$(ls -A "$run")" ]; do sleep 1; done
       ( touch "$run/$i"; eval "st ${queue[$i]}"; rm -f "$run/$i" ) & p=$!
-      for k in $(seq 20); do kill -0 $p 2> /dev/null || break; sleep 1; done
+      for k in $(seq "$SAN_HOLD"); do kill -0 $p 2> /dev/null || break; sleep 1; done
       flock -u 9; wait $p
     done; }
   echo "sanitizer lines: ${#queue[@]} in $LANES lanes (one starts beside others with ${SAN_MEM_GB} GB available)"

@@ -1,0 +1,206 @@
+/* test_gpu_moe_script.c — scripts/gpu-moe.sh's sanitizer lines, run here with stand-ins.
+ *
+ * The script runs on the GPU machine; what can be checked without one is its scheduling of the
+ * compute-sanitizer lines: one at a time by default, queued and run in LANES lanes otherwise,
+ * every line exactly once, a line starting beside others only when SAN_MEM_GB of host memory
+ * is available, SAN_LIMIT cutting a line with rc 124, and bad settings refused. The stand-ins:
+ * build/device/moe_decode (records its call and how many instances run at once) and
+ * compute-sanitizer / nvidia-smi on PATH, in a scratch directory the script runs from.
+ */
+#include "test_common.h"
+
+static char g_repo[1024];
+
+static void write_exec(const char *path, const char *text)
+{
+    td_test_write_str(path, text);
+    assert_int_equal(chmod(path, 0755), 0);
+}
+
+/* A scratch tree with the stand-ins; returns its directory (static buffer). */
+static const char *setup_tree(const char *name)
+{
+    static char dir[2048];
+    const char *rel = td_test_path(name); /* TD_TEST_TMP may be relative: the script cds */
+    if (rel[0] == '/') snprintf(dir, sizeof dir, "%s", rel);
+    else snprintf(dir, sizeof dir, "%s/%s", g_repo, rel);
+    assert_int_equal(td_test_sh("rm -rf '%s' && mkdir -p '%s/build/device' '%s/bin' '%s/active'",
+                                dir, dir, dir, dir), 0);
+    char p[2304];
+    snprintf(p, sizeof p, "%s/build/device/moe_decode", dir);
+    /* records its arguments, counts the instances running now (mkdir is atomic), sleeps
+     * STUB_SLEEP seconds (3 for a call with --M 1,16 when STUB_SLOW is set) */
+    write_exec(p,
+               "#!/usr/bin/env bash\n"
+               "d=$(cd \"$(dirname \"$0\")/../..\" && pwd)\n"
+               "echo \"$*\" >> \"$d/calls\"\n"
+               "mkdir \"$d/active/$$\"\n"
+               "ls \"$d/active\" | wc -l >> \"$d/conc\"\n"
+               "s=${STUB_SLEEP:-0.3}\n"
+               "case \"$*\" in *'--M 1,16 '*) [ -n \"${STUB_SLOW:-}\" ] && s=3;; esac\n"
+               "sleep $s\n"
+               "rmdir \"$d/active/$$\"\n");
+    snprintf(p, sizeof p, "%s/bin/compute-sanitizer", dir);
+    write_exec(p,
+               "#!/usr/bin/env bash\n"
+               "tool=\n"
+               "while [ \"${1#--}\" != \"$1\" ]; do case $1 in --tool) tool=$2; shift 2;; "
+               "--error-exitcode) shift 2;; *) shift;; esac; done\n"
+               "\"$@\"; rc=$?\n"
+               "if [ \"$tool\" = memcheck ]; then echo '========= ERROR SUMMARY: 0 errors'; "
+               "else echo '========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)'; fi\n"
+               "exit $rc\n");
+    snprintf(p, sizeof p, "%s/bin/nvidia-smi", dir);
+    write_exec(p, "#!/usr/bin/env bash\necho stand-in\n");
+    return dir;
+}
+
+/* Run the script in `dir` with `env` and `sections`; stdout to dir/stdout; its exit status. */
+static int run_script(const char *dir, const char *env, const char *sections)
+{
+    return td_test_sh("cd '%s' && env PATH='%s/bin':\"$PATH\" %s bash '%s/scripts/gpu-moe.sh' '%s/o' %s "
+                      "> '%s/stdout' 2> '%s/stderr'",
+                      dir, dir, env, g_repo, dir, sections, dir, dir);
+}
+
+static int count_lines(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *l = text; l && *l;) {
+        const char *e = strchr(l, '\n');
+        size_t len = e ? (size_t)(e - l) : strlen(l);
+        char buf[1024];
+        if (len >= sizeof buf) len = sizeof buf - 1;
+        memcpy(buf, l, len);
+        buf[len] = 0;
+        if (strstr(buf, needle)) n++;
+        l = e ? e + 1 : NULL;
+    }
+    return n;
+}
+
+static char *slurp_in(const char *dir, const char *name)
+{
+    char p[2304];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    char *s = td_test_slurp(p, NULL);
+    assert_non_null(s);
+    return s;
+}
+
+static int max_conc(const char *dir)
+{
+    char *s = slurp_in(dir, "conc");
+    int m = 0;
+    for (char *t = strtok(s, "\n"); t; t = strtok(NULL, "\n")) m = atoi(t) > m ? atoi(t) : m;
+    free(s);
+    return m;
+}
+
+static const char *k_stage_names[] = {"memcheck_stage ", "memcheck_stage_bf16 ", "racecheck_stage ",
+                                      "racecheck_stage_bf16 "};
+
+/* Each of sanitize_stage's four lines reported once, n_rc lines with `rc`, a log written. */
+static void check_stage_lines(const char *dir, const char *out, const char *rc, int n_rc)
+{
+    for (int i = 0; i < 4; i++) assert_int_equal(count_lines(out, k_stage_names[i]), 1);
+    assert_int_equal(count_lines(out, rc), n_rc);
+    char p[2304];
+    snprintf(p, sizeof p, "%s/o/logs/racecheck_stage_bf16.txt", dir);
+    struct stat st;
+    assert_int_equal(stat(p, &st), 0);
+}
+
+static void one_at_a_time_by_default(void **state)
+{
+    (void)state;
+    const char *dir = setup_tree("serial");
+    assert_int_equal(run_script(dir, "", "sanitize_stage"), 0);
+    char *out = slurp_in(dir, "stdout");
+    check_stage_lines(dir, out, "rc=0", 4);
+    assert_int_equal(count_lines(out, "ERROR SUMMARY: 0 errors"), 2);
+    assert_int_equal(count_lines(out, "RACECHECK SUMMARY: 0 hazards"), 2);
+    assert_null(strstr(out, "sanitizer lines:")); /* nothing queued */
+    free(out);
+    char *calls = slurp_in(dir, "calls");
+    assert_int_equal(count_lines(calls, "--M"), 4);
+    free(calls);
+    assert_int_equal(max_conc(dir), 1);
+}
+
+static void lanes_wait_for_memory(void **state)
+{
+    (void)state;
+    /* no host has 100000 GB available: a line never starts beside another, although each
+     * start is held back for 1 s only and each line runs for 1.5 s */
+    const char *dir = setup_tree("lanes_mem");
+    assert_int_equal(run_script(dir, "LANES=3 SAN_MEM_GB=100000 SAN_HOLD=1 STUB_SLEEP=1.5",
+                                "sanitize_stage"), 0);
+    char *out = slurp_in(dir, "stdout");
+    assert_non_null(strstr(out, "sanitizer lines: 4 in 3 lanes"));
+    check_stage_lines(dir, out, "rc=0", 4);
+    free(out);
+    char *calls = slurp_in(dir, "calls");
+    assert_int_equal(count_lines(calls, "--M"), 4);
+    free(calls);
+    assert_int_equal(max_conc(dir), 1);
+}
+
+static void lanes_run_every_line_once(void **state)
+{
+    (void)state;
+    const char *dir = setup_tree("lanes");
+    assert_int_equal(run_script(dir, "LANES=2 SAN_MEM_GB=0 SAN_HOLD=1 STUB_SLEEP=1.5", "sanitize_stage"), 0);
+    char *out = slurp_in(dir, "stdout");
+    assert_non_null(strstr(out, "sanitizer lines: 4 in 2 lanes"));
+    check_stage_lines(dir, out, "rc=0", 4);
+    free(out);
+    char *calls = slurp_in(dir, "calls");
+    assert_int_equal(count_lines(calls, "--M"), 4);
+    free(calls);
+    assert_int_equal(max_conc(dir), 2); /* with memory to spare the lanes overlap */
+    /* the queue's bookkeeping is gone */
+    assert_int_equal(td_test_sh("ls -A '%s/o' | grep -q queue", dir), 1);
+}
+
+static void limit_cuts_a_line(void **state)
+{
+    (void)state;
+    const char *dir = setup_tree("limit");
+    /* memcheck_stage_bf16 and racecheck_stage_bf16 (--M 1,16) take 3 s, the limit is 1 s */
+    assert_int_equal(run_script(dir, "LANES=2 SAN_MEM_GB=0 SAN_LIMIT=1 STUB_SLOW=1", "sanitize_stage"), 0);
+    char *out = slurp_in(dir, "stdout");
+    assert_int_equal(count_lines(out, "rc=124"), 2);
+    assert_int_equal(count_lines(out, "cut at SAN_LIMIT=1s"), 2);
+    assert_int_equal(count_lines(out, "rc=0"), 2);
+    assert_int_equal(count_lines(out, "memcheck_stage_bf16 "), 1);
+    free(out);
+}
+
+static void bad_settings_refused(void **state)
+{
+    (void)state;
+    const char *dir = setup_tree("bad");
+    assert_int_equal(run_script(dir, "LANES=three", "sanitize_stage"), 2);
+    char *err = slurp_in(dir, "stderr");
+    assert_non_null(strstr(err, "LANES, SAN_MEM_GB, SAN_LIMIT and SAN_HOLD take whole numbers"));
+    free(err);
+    assert_int_equal(run_script(dir, "SAN_LIMIT=-5", "sanitize_stage"), 2);
+    char p[2304];
+    snprintf(p, sizeof p, "%s/calls", dir);
+    struct stat st;
+    assert_int_not_equal(stat(p, &st), 0); /* nothing ran */
+}
+
+int main(void)
+{
+    if (!getcwd(g_repo, sizeof g_repo)) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(one_at_a_time_by_default),
+        cmocka_unit_test(lanes_wait_for_memory),
+        cmocka_unit_test(lanes_run_every_line_once),
+        cmocka_unit_test(limit_cuts_a_line),
+        cmocka_unit_test(bad_settings_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
