@@ -130,7 +130,7 @@ run_queue() {
       if [ "$i" -ge ${#queue[@]} ]; then flock -u 9; return 0; fi
       # wait for memory only while another line runs: alone, a line starts whatever is free
       while [ "$(mem_gb)" -lt "$SAN_MEM_GB" ] && [ -n "$(ls -A "$run")" ]; do sleep 1; done
-      ( touch "$run/$i"; eval "st ${queue[$i]}"; rm -f "$run/$i" ) & p=$!
+      touch "$run/$i"; ( eval "st ${queue[$i]}"; rm -f "$run/$i" ) & p=$!
       for k in $(seq "$SAN_HOLD"); do kill -0 $p 2> /dev/null || break; sleep 1; done
       flock -u 9; wait $p
     done; }

@@ -100,32 +100,39 @@ static int max_conc(const char *dir)
 static const char *k_stage_names[] = {"memcheck_stage ", "memcheck_stage_bf16 ", "racecheck_stage ",
                                       "racecheck_stage_bf16 "};
 
-/* Each of sanitize_stage's four lines reported once, n_rc lines with `rc`, a log written. */
-static void check_stage_lines(const char *dir, const char *out, const char *rc, int n_rc)
+/* Run sanitize_stage's four lines in a fresh tree with `env`; check that each was called and
+ * reported once with rc 0 and its log written, the queue's header (NULL: none), and the most
+ * lines that ran at once. Returns the tree; *out_p gets the script's stdout (caller frees). */
+static const char *run_stage(const char *name, const char *env, const char *header, int conc,
+                             char **out_p)
 {
+    const char *dir = setup_tree(name);
+    assert_int_equal(run_script(dir, env, "sanitize_stage"), 0);
+    char *out = slurp_in(dir, "stdout");
+    if (header) assert_non_null(strstr(out, header));
+    else assert_null(strstr(out, "sanitizer lines:")); /* nothing queued */
     for (int i = 0; i < 4; i++) assert_int_equal(count_lines(out, k_stage_names[i]), 1);
-    assert_int_equal(count_lines(out, rc), n_rc);
+    assert_int_equal(count_lines(out, "rc=0"), 4);
     char p[2304];
     snprintf(p, sizeof p, "%s/o/logs/racecheck_stage_bf16.txt", dir);
     struct stat st;
     assert_int_equal(stat(p, &st), 0);
+    char *calls = slurp_in(dir, "calls");
+    assert_int_equal(count_lines(calls, "--M"), 4);
+    free(calls);
+    assert_int_equal(max_conc(dir), conc);
+    *out_p = out;
+    return dir;
 }
 
 static void one_at_a_time_by_default(void **state)
 {
     (void)state;
-    const char *dir = setup_tree("serial");
-    assert_int_equal(run_script(dir, "", "sanitize_stage"), 0);
-    char *out = slurp_in(dir, "stdout");
-    check_stage_lines(dir, out, "rc=0", 4);
+    char *out;
+    run_stage("serial", "", NULL, 1, &out);
     assert_int_equal(count_lines(out, "ERROR SUMMARY: 0 errors"), 2);
     assert_int_equal(count_lines(out, "RACECHECK SUMMARY: 0 hazards"), 2);
-    assert_null(strstr(out, "sanitizer lines:")); /* nothing queued */
     free(out);
-    char *calls = slurp_in(dir, "calls");
-    assert_int_equal(count_lines(calls, "--M"), 4);
-    free(calls);
-    assert_int_equal(max_conc(dir), 1);
 }
 
 static void lanes_wait_for_memory(void **state)
@@ -133,32 +140,20 @@ static void lanes_wait_for_memory(void **state)
     (void)state;
     /* no host has 100000 GB available: a line never starts beside another, although each
      * start is held back for 1 s only and each line runs for 1.5 s */
-    const char *dir = setup_tree("lanes_mem");
-    assert_int_equal(run_script(dir, "LANES=3 SAN_MEM_GB=100000 SAN_HOLD=1 STUB_SLEEP=1.5",
-                                "sanitize_stage"), 0);
-    char *out = slurp_in(dir, "stdout");
-    assert_non_null(strstr(out, "sanitizer lines: 4 in 3 lanes"));
-    check_stage_lines(dir, out, "rc=0", 4);
+    char *out;
+    run_stage("lanes_mem", "LANES=3 SAN_MEM_GB=100000 SAN_HOLD=1 STUB_SLEEP=1.5",
+              "sanitizer lines: 4 in 3 lanes", 1, &out);
     free(out);
-    char *calls = slurp_in(dir, "calls");
-    assert_int_equal(count_lines(calls, "--M"), 4);
-    free(calls);
-    assert_int_equal(max_conc(dir), 1);
 }
 
 static void lanes_run_every_line_once(void **state)
 {
     (void)state;
-    const char *dir = setup_tree("lanes");
-    assert_int_equal(run_script(dir, "LANES=2 SAN_MEM_GB=0 SAN_HOLD=1 STUB_SLEEP=1.5", "sanitize_stage"), 0);
-    char *out = slurp_in(dir, "stdout");
-    assert_non_null(strstr(out, "sanitizer lines: 4 in 2 lanes"));
-    check_stage_lines(dir, out, "rc=0", 4);
+    /* with memory to spare the lanes overlap */
+    char *out;
+    const char *dir = run_stage("lanes", "LANES=2 SAN_MEM_GB=0 SAN_HOLD=1 STUB_SLEEP=1.5",
+                                "sanitizer lines: 4 in 2 lanes", 2, &out);
     free(out);
-    char *calls = slurp_in(dir, "calls");
-    assert_int_equal(count_lines(calls, "--M"), 4);
-    free(calls);
-    assert_int_equal(max_conc(dir), 2); /* with memory to spare the lanes overlap */
     /* the queue's bookkeeping is gone */
     assert_int_equal(td_test_sh("ls -A '%s/o' | grep -q queue", dir), 1);
 }
