@@ -83,12 +83,13 @@
 # Environment:
 #   LANES=N       (default 1: each sanitizer line runs where it stands, one at a time) queue the
 #                 sanitizer lines of every chosen section and run them N side by side after all
-#                 other sections, each lane taking the next line as it finishes one. A racecheck
-#                 at hidden 320 holds up to about 39 GB of host memory (docs/gpu-results.md), so a
-#                 line starts beside others only when MemAvailable is at least SAN_MEM_GB
-#                 (default 45), and holds the next start back for up to SAN_HOLD seconds
-#                 (default 20) while its memory grows; a line with none running beside it
-#                 starts at once.
+#                 other sections, each lane taking the next line as it finishes one.
+#   SAN_MEM_GB=G  (default 50) the host memory one sanitizer line may take at its peak: a
+#                 racecheck run held up to 49.3 GB (docs/gpu-results.md, 2026-12-07). A line
+#                 starts beside others only while MemAvailable, less what the running lines may
+#                 still take (G less each one's resident memory now), is at least G; so lines
+#                 that stay within G never take together more than the host had. A line with none
+#                 running beside it starts at once.
 #   SAN_LIMIT=S   (default 0: none) stop each sanitizer run after S seconds (timeout: rc 124),
 #                 so that the lines of a call limited in time end with a log each.
 set -u
@@ -105,8 +106,10 @@ echo "cublas: $cublas" >> "$out/logs/gpu.txt"
 t() { local name=$1; shift; local t0=$(date +%s); "$@" > "$out/logs/$name.txt" 2>&1; local rc=$?;
       printf "%-28s rc=%d %ss\n" "$name" $rc $(( $(date +%s) - t0 )); }
 # s NAME CMD...: a compute-sanitizer run; at once with LANES=1, else queued for run_queue
-LANES=${LANES:-1}; SAN_MEM_GB=${SAN_MEM_GB:-45}; SAN_LIMIT=${SAN_LIMIT:-0}; SAN_HOLD=${SAN_HOLD:-20}
-case "$LANES$SAN_MEM_GB$SAN_LIMIT$SAN_HOLD" in *[!0-9]*) echo "gpu-moe.sh: LANES, SAN_MEM_GB, SAN_LIMIT and SAN_HOLD take whole numbers" >&2; exit 2;; esac
+LANES=${LANES:-1}; SAN_MEM_GB=${SAN_MEM_GB:-50}; SAN_LIMIT=${SAN_LIMIT:-0}
+case "$LANES$SAN_MEM_GB$SAN_LIMIT" in *[!0-9]*) echo "gpu-moe.sh: LANES, SAN_MEM_GB and SAN_LIMIT take whole numbers" >&2; exit 2;; esac
+# where MemAvailable is read (the host's; the script's tests name a file of their own)
+MEMINFO=${TD_MEMINFO:-/proc/meminfo}
 queue=()
 st() { local name=$1; shift; local t0=$(date +%s) pre=()
   [ "$SAN_LIMIT" -gt 0 ] && pre=(timeout "$SAN_LIMIT")
@@ -117,24 +120,44 @@ st() { local name=$1; shift; local t0=$(date +%s) pre=()
   [ $rc -eq 124 ] && [ "$SAN_LIMIT" -gt 0 ] && sum="cut at SAN_LIMIT=${SAN_LIMIT}s, no summary"
   printf "%-28s rc=%d %ss %s %s\n" "$name" $rc $(( $(date +%s) - t0 )) "$rss" "$sum"; }
 s() { if [ "$LANES" -le 1 ]; then st "$@"; else queue+=("$(printf '%q ' "$@")"); fi; }
-mem_gb() { awk '/^MemAvailable:/ {print int($2 / 1048576)}' /proc/meminfo; }
+# room RUN: whether a line may start beside those marked in RUN (a file per running line holding
+# its subshell's pid, empty until the subshell has written it): MemAvailable less what each may
+# still take (SAN_MEM_GB less its process tree's resident memory now; all of SAN_MEM_GB while its
+# pid is not there) is at least SAN_MEM_GB. No MemAvailable read: no room.
+room() { local run=$1 f v ids=
+  for f in "$run"/*; do [ -e "$f" ] || continue; v=$(cat "$f" 2> /dev/null); ids="$ids ${v:-x}"; done
+  ps -e -o pid=,ppid=,rss= | awk -v ids="$ids" -v mi="$MEMINFO" -v g="$SAN_MEM_GB" '
+    { par[$1] = $2; rss[$1] = $3 }
+    END {
+      avail = -1
+      while ((getline l < mi) > 0) if (split(l, w, " ") >= 2 && w[1] == "MemAvailable:") avail = w[2]
+      if (avail < 0) exit 1
+      peak = g * 1048576; left = avail
+      n = split(ids, id, " ")
+      for (i = 1; i <= n; i++) {
+        used = 0
+        if (id[i] != "x") for (q in par) { r = q; d = 0
+            while (r != id[i] && (r in par) && d++ < 64) r = par[r]
+            if (r == id[i]) used += rss[q] }
+        if (used < peak) left -= peak - used }
+      exit !(left >= peak) }'; }
 # run_queue: the queued sanitizer lines in LANES lanes, in queue order, each line once
 run_queue() {
   [ ${#queue[@]} -eq 0 ] && return 0
   local next="$out/.queue_next" lock="$out/.queue_lock" run="$out/.queue_running" l
   echo 0 > "$next"; mkdir -p "$run"
-  lane() { local i p k
+  lane() { local i p
     while :; do
       exec 9> "$lock"; flock 9
       i=$(cat "$next"); echo $(( i + 1 )) > "$next"
       if [ "$i" -ge ${#queue[@]} ]; then flock -u 9; return 0; fi
-      # wait for memory only while another line runs: alone, a line starts whatever is free
-      while [ "$(mem_gb)" -lt "$SAN_MEM_GB" ] && [ -n "$(ls -A "$run")" ]; do sleep 1; done
-      touch "$run/$i"; ( eval "st ${queue[$i]}"; rm -f "$run/$i" ) & p=$!
-      for k in $(seq "$SAN_HOLD"); do kill -0 $p 2> /dev/null || break; sleep 1; done
+      # wait for room only while another line runs: alone, a line starts whatever is free
+      while [ -n "$(ls -A "$run")" ] && ! room "$run"; do sleep 1; done
+      # the mark first (counted at the whole SAN_MEM_GB until the subshell writes its pid)
+      : > "$run/$i"; ( echo $BASHPID > "$run/$i"; eval "st ${queue[$i]}"; rm -f "$run/$i" ) & p=$!
       flock -u 9; wait $p
     done; }
-  echo "sanitizer lines: ${#queue[@]} in $LANES lanes (one starts beside others with ${SAN_MEM_GB} GB available)"
+  echo "sanitizer lines: ${#queue[@]} in $LANES lanes (one starts beside others while the host keeps ${SAN_MEM_GB} GB for it beyond what the running ones may take)"
   for l in $(seq "$LANES"); do lane & done
   wait
   rm -rf "$next" "$lock" "$run"; queue=(); }

@@ -2,8 +2,9 @@
  *
  * The script runs on the GPU machine; what can be checked without one is its scheduling of the
  * compute-sanitizer lines: one at a time by default, queued and run in LANES lanes otherwise,
- * every line exactly once, a line starting beside others only when SAN_MEM_GB of host memory
- * is available, SAN_LIMIT cutting a line with rc 124, and bad settings refused. The stand-ins:
+ * every line exactly once, a line starting beside others only while the host's available memory,
+ * less what the running lines may still take (SAN_MEM_GB each, less its resident memory), leaves
+ * SAN_MEM_GB for it, SAN_LIMIT cutting a line with rc 124, and bad settings refused. The stand-ins:
  * build/device/moe_decode (records its call and how many instances run at once) and
  * compute-sanitizer / nvidia-smi on PATH, in a scratch directory the script runs from.
  */
@@ -139,10 +140,34 @@ static void lanes_wait_for_memory(void **state)
 {
     (void)state;
     /* no host has 100000 GB available: a line never starts beside another, although each
-     * start is held back for 1 s only and each line runs for 1.5 s */
+     * line runs for 1.5 s and three lanes wait */
     char *out;
-    run_stage("lanes_mem", "LANES=3 SAN_MEM_GB=100000 SAN_HOLD=1 STUB_SLEEP=1.5",
+    run_stage("lanes_mem", "LANES=3 SAN_MEM_GB=100000 STUB_SLEEP=1.5",
               "sanitizer lines: 4 in 3 lanes", 1, &out);
+    free(out);
+}
+
+/* A MemAvailable of 120 GB (a file in place of /proc/meminfo) and three lanes of 1.5-s lines:
+ * with 50 GB a line, two running may still take up to 100 of the 120, so a third never starts
+ * beside them; with 39 GB a line, 120 - 2 x 39 = 42 GB leave room for a third. */
+static void lanes_keep_room_for_running_lines(void **state)
+{
+    (void)state;
+    char mi[2304], env[2600];
+    const char *dir = setup_tree("lanes_reserve_mi");
+    snprintf(mi, sizeof mi, "%s/meminfo", dir);
+    td_test_write_str(mi, "MemTotal:       131072000 kB\nMemAvailable:   125829120 kB\n");
+    char *out;
+    snprintf(env, sizeof env, "LANES=3 SAN_MEM_GB=50 STUB_SLEEP=1.5 TD_MEMINFO='%s'", mi);
+    run_stage("lanes_reserve50", env, "sanitizer lines: 4 in 3 lanes", 2, &out);
+    free(out);
+    snprintf(env, sizeof env, "LANES=3 SAN_MEM_GB=39 STUB_SLEEP=1.5 TD_MEMINFO='%s'", mi);
+    run_stage("lanes_reserve39", env, "sanitizer lines: 4 in 3 lanes", 3, &out);
+    free(out);
+    /* a meminfo without MemAvailable: no room is assumed, one line at a time */
+    td_test_write_str(mi, "MemTotal:       131072000 kB\n");
+    snprintf(env, sizeof env, "LANES=3 SAN_MEM_GB=1 STUB_SLEEP=1.5 TD_MEMINFO='%s'", mi);
+    run_stage("lanes_reserve_none", env, "sanitizer lines: 4 in 3 lanes", 1, &out);
     free(out);
 }
 
@@ -151,7 +176,7 @@ static void lanes_run_every_line_once(void **state)
     (void)state;
     /* with memory to spare the lanes overlap */
     char *out;
-    const char *dir = run_stage("lanes", "LANES=2 SAN_MEM_GB=0 SAN_HOLD=1 STUB_SLEEP=1.5",
+    const char *dir = run_stage("lanes", "LANES=2 SAN_MEM_GB=0 STUB_SLEEP=1.5",
                                 "sanitizer lines: 4 in 2 lanes", 2, &out);
     free(out);
     /* the queue's bookkeeping is gone */
@@ -178,7 +203,7 @@ static void bad_settings_refused(void **state)
     const char *dir = setup_tree("bad");
     assert_int_equal(run_script(dir, "LANES=three", "sanitize_stage"), 2);
     char *err = slurp_in(dir, "stderr");
-    assert_non_null(strstr(err, "LANES, SAN_MEM_GB, SAN_LIMIT and SAN_HOLD take whole numbers"));
+    assert_non_null(strstr(err, "LANES, SAN_MEM_GB and SAN_LIMIT take whole numbers"));
     free(err);
     assert_int_equal(run_script(dir, "SAN_LIMIT=-5", "sanitize_stage"), 2);
     char p[2304];
@@ -193,6 +218,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(one_at_a_time_by_default),
         cmocka_unit_test(lanes_wait_for_memory),
+        cmocka_unit_test(lanes_keep_room_for_running_lines),
         cmocka_unit_test(lanes_run_every_line_once),
         cmocka_unit_test(limit_cuts_a_line),
         cmocka_unit_test(bad_settings_refused),
