@@ -264,8 +264,9 @@ prefill)
 ab_combine)
   abf abc separate fused --separate-combine ;;
 sanitize_w2c)
-  # one line at a time: a racecheck of the bf16 lines below holds about 39 GB of host memory
-  # (docs/gpu-results.md): seven sanitizer runs side by side on a 125 GB machine ended two of them.
+  # a racecheck of the lines below holds 29-49 GB of host memory (docs/gpu-results.md): seven
+  # sanitizer runs side by side on a 125 GB machine ended two of them, so side by side only in
+  # lanes (LANES, SAN_MEM_GB above).
   # direct dispatch, top-10, where W2 takes the combine fused in (td_w2c_pays): at the production
   # shape M = 1 (TP1) and M = 1, 4, 8 (the TP4 slice: chunks of 5 steps); hidden 320 with
   # inter 640 (two chunks of 10 steps per row tile) at M = 1 and 5, inter 320 (one chunk) at
