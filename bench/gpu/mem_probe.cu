@@ -3,6 +3,7 @@
  *
  * usage: mem_probe [--iters 200] [--copies 8] [--json]
  *                  [--cfg NAME:TOTAL_B:SEG_B:CHUNK_B:GRID:WARPS:STAGES[:WORK] ...]
+ *                  [--chain NAME:GRID:WARPS:STAGES:CHUNK_B:PHASES ...]
  *
  * Each configuration reads TOTAL_B bytes, cut into segments of SEG_B contiguous bytes (a
  * segment is what one decode-kernel warp reads for one row tile), segment s going to warp
@@ -24,6 +25,17 @@
  * device of 1 GiB, read + write bytes over time, median of 10). "empty" is a graph of one
  * kernel that does nothing: the fixed cost of a call.
  *
+ * A chain (--chain) is one launch that reads up to four phases one after another, the
+ * skeleton of a whole MoE block in one launch (router, then the routed W13, then W2):
+ * PHASES is TOTAL_B@SEG_B items joined by ',' (no barrier: the next phase's bytes streamed
+ * on), '/' (a grid-wide barrier, the next phase's copies issued only after it: its
+ * addresses depend on what came before, as the routed experts' on the routing) or '+' (a
+ * grid-wide barrier with the next phase's first STAGES chunks issued before it: its bytes
+ * are known, only its arithmetic waits, as W2's on W13's). Each phase reads its own bytes
+ * (the phases lie one after another in the buffer) in chunks of CHUNK_B through the same
+ * rings, segments dealt out as above. The grid must fit the GPU at once (checked), and the
+ * barrier is an integer counter and generation in global memory (no floating-point atomics).
+ *
  * Then where the hardware puts the blocks of a grid that fits the GPU at once (the decode
  * kernel's persistent grids): for grids of 100 to 396 blocks of 256 threads with 51 KB of
  * shared memory (three fit per SM), the number of SMs that received a block and the most
@@ -44,11 +56,23 @@
 
 #define MAX_WARPS 32
 #define MAX_STAGES 16
+#define MAX_PHASES 4
 
 struct cfg {
     std::string name;
     long long total, seg, chunk;
     int grid, warps, stages, work;
+    std::string phases = ""; /* a chain's PHASES as given; empty for a single read */
+};
+
+/* How a chain's phase starts: streamed on, after a barrier, or after a barrier with its first
+ * chunks issued before it. */
+enum { SYNC_NONE = 0, SYNC_DEP = 1, SYNC_EARLY = 2 };
+
+struct chain_dev {
+    long long off[MAX_PHASES], total[MAX_PHASES], seg[MAX_PHASES];
+    int sync[MAX_PHASES]; /* sync[0] unused */
+    int nph;
 };
 
 __global__ void k_bulk(const uint8_t *base, long long total, long long seg, int chunk, int stages, int work, unsigned *sink)
@@ -120,6 +144,104 @@ __global__ void k_load(const uint4 *base, long long n16, unsigned *sink)
     if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
+/* A grid-wide barrier of co-resident blocks: bar[0] counts arrivals, bar[1] is the generation.
+ * The last block to arrive resets the count, then moves the generation on; the others wait for
+ * it to move. Both return to the same state after every barrier, so graph replays reuse them.
+ * A wait of more than about a second traps (a launch error, not a hung GPU). */
+__device__ void grid_barrier(unsigned *bar)
+{
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned *gen = bar + 1;
+        const unsigned g = *gen;
+        __threadfence();
+        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+            atomicExch(bar, 0u);
+            __threadfence();
+            atomicAdd(bar + 1, 1u);
+        } else {
+            for (long long spin = 0; *gen == g; spin++) {
+                if (spin > (1LL << 25)) __trap();
+                __nanosleep(32);
+            }
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+/* The last phase (exclusive of later dependent ones) whose copies may be issued once phase p's
+ * may: phases joined by ',' or '+' follow on. */
+__device__ __forceinline__ int chain_reach(const chain_dev &cd, int p)
+{
+    while (p + 1 < cd.nph && cd.sync[p + 1] != SYNC_DEP) p++;
+    return p;
+}
+
+__global__ void k_chain(const uint8_t *base, chain_dev cd, int chunk, int stages, unsigned *bar, unsigned *sink)
+{
+    extern __shared__ uint4 ring_sh[];
+    __shared__ uint64_t bars[MAX_WARPS][MAX_STAGES];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
+    uint8_t *ring = reinterpret_cast<uint8_t *>(ring_sh) + (size_t)warp * stages * chunk;
+    if (lane < stages) cu_mbar_init(&bars[warp][lane]);
+    cu_mbar_init_fence();
+    __syncwarp();
+    const long long tw = (long long)nw * gridDim.x, first = (long long)warp * gridDim.x + blockIdx.x;
+    /* the issue cursor: phase, segment, chunk of this warp's next copy */
+    int ip = 0, ic = 0;
+    long long is = first;
+    auto settle = [&]() { /* past the phases in which this warp has no segment left */
+        while (ip < cd.nph && is >= cd.total[ip] / cd.seg[ip]) {
+            ip++;
+            is = first;
+            ic = 0;
+        }
+    };
+    settle();
+    int allowed = chain_reach(cd, 0);
+    long long issued = 0, done = 0;
+    auto top_up = [&]() {
+        while (issued - done < stages && ip < cd.nph && ip <= allowed) {
+            const int slot = (int)(issued % stages);
+            if (lane == 0) {
+                const uint32_t b = cu_smem_addr(&bars[warp][slot]), dst = cu_smem_addr(ring + (size_t)slot * chunk);
+                cu_mbar_expect(b, (uint32_t)chunk);
+                cu_bulk_copy(dst, base + cd.off[ip] + is * cd.seg[ip] + (long long)ic * chunk, (uint32_t)chunk, b);
+            }
+            issued++;
+            if (++ic == (int)(cd.seg[ip] / chunk)) {
+                ic = 0;
+                is += tw;
+                settle();
+            }
+        }
+    };
+    top_up();
+    unsigned acc = 0, parity = 0;
+    for (int p = 0; p < cd.nph; p++) {
+        if (p > 0 && cd.sync[p] != SYNC_NONE) {
+            grid_barrier(bar);
+            if (cd.sync[p] == SYNC_DEP) {
+                allowed = chain_reach(cd, p);
+                top_up();
+            }
+        }
+        long long mine = 0;
+        for (long long sg = first; sg < cd.total[p] / cd.seg[p]; sg += tw) mine += cd.seg[p] / chunk;
+        for (long long k = 0; k < mine; k++) {
+            const int slot = (int)(done % stages);
+            cu_mbar_wait(cu_smem_addr(&bars[warp][slot]), (parity >> slot) & 1u);
+            parity ^= 1u << slot;
+            acc ^= reinterpret_cast<const unsigned *>(ring + (size_t)slot * chunk)[lane];
+            __syncwarp();
+            done++;
+            top_up();
+        }
+    }
+    if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
 /* Each block records its SM and waits (bounded) until every block of the grid has started, so
  * that no block's SM is reused by a later block. */
 __global__ void k_where(int *smid, unsigned *arrived, int n)
@@ -160,6 +282,51 @@ static bool parse_cfg(const char *s, cfg &c)
     return true;
 }
 
+/* NAME:GRID:WARPS:STAGES:CHUNK_B:PHASES, PHASES = TOTAL_B@SEG_B joined by ',', '/' or '+'
+ * (1 to MAX_PHASES of them); fills c (total: the phases' sum) and cd (offsets, kinds). */
+static bool parse_chain(const char *s, cfg &c, chain_dev &cd)
+{
+    char name[64];
+    long long ch;
+    int g, w, st, used = -1;
+    if (sscanf(s, "%63[^:]:%d:%d:%d:%lld:%n", name, &g, &w, &st, &ch, &used) != 5 || used < 0) return false;
+    const char *r = s + used;
+    memset(&cd, 0, sizeof cd);
+    long long off = 0;
+    for (;;) {
+        long long tot, seg;
+        int n = -1;
+        if (cd.nph == MAX_PHASES || sscanf(r, "%lld@%lld%n", &tot, &seg, &n) != 2 || n < 0) return false;
+        if (tot <= 0 || seg <= 0 || tot > (1LL << 36) || seg > tot) return false;
+        cd.off[cd.nph] = off;
+        cd.total[cd.nph] = tot;
+        cd.seg[cd.nph] = seg;
+        off += tot;
+        cd.nph++;
+        r += n;
+        if (*r == '\0') break;
+        const int kind = *r == ',' ? SYNC_NONE : *r == '/' ? SYNC_DEP : *r == '+' ? SYNC_EARLY : -1;
+        if (kind < 0) return false;
+        if (cd.nph == MAX_PHASES) return false;
+        cd.sync[cd.nph] = kind;
+        r++;
+    }
+    c = cfg{name, off, 0, ch, g, w, st, 0, std::string(s + used)};
+    return true;
+}
+
+static const char *check_chain(const cfg &c, const chain_dev &cd, int max_smem)
+{
+    if (c.grid < 1 || c.warps < 1 || c.warps > MAX_WARPS || c.stages < 1 || c.stages > MAX_STAGES)
+        return "GRID, WARPS (1..32) or STAGES (1..16) out of range";
+    if (c.chunk < 16 || c.chunk % 16 || c.chunk > (1 << 20)) return "CHUNK must be a multiple of 16 (at most 1 MiB)";
+    for (int p = 0; p < cd.nph; p++)
+        if (cd.seg[p] % c.chunk || cd.total[p] % cd.seg[p])
+            return "every phase's SEG must be a multiple of CHUNK and divide its TOTAL";
+    if ((long long)c.warps * c.stages * c.chunk > max_smem) return "WARPS x STAGES x CHUNK exceeds shared memory";
+    return nullptr;
+}
+
 static const char *check_cfg(const cfg &c, int max_smem)
 {
     if (c.work < 0 || c.work > 100000) return "WORK out of range (0..100000)";
@@ -175,7 +342,8 @@ static const char *check_cfg(const cfg &c, int max_smem)
 int main(int argc, char **argv)
 {
     int iters = 200, copies = 8, json = 0;
-    std::vector<cfg> cfgs;
+    std::vector<cfg> cfgs, chains;
+    std::vector<chain_dev> chain_devs;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--copies") && i + 1 < argc) copies = atoi(argv[++i]);
@@ -187,9 +355,21 @@ int main(int argc, char **argv)
                 return 2;
             }
             cfgs.push_back(c);
+        } else if (!strcmp(argv[i], "--chain") && i + 1 < argc) {
+            cfg c;
+            chain_dev cd;
+            if (!parse_chain(argv[++i], c, cd)) {
+                fprintf(stderr,
+                        "mem_probe: --chain %s: expected NAME:GRID:WARPS:STAGES:CHUNK_B:PHASES, PHASES of 1 to %d "
+                        "TOTAL_B@SEG_B joined by ',', '/' or '+'\n",
+                        argv[i], MAX_PHASES);
+                return 2;
+            }
+            chains.push_back(c);
+            chain_devs.push_back(cd);
         } else {
             fprintf(stderr, "usage: mem_probe [--iters N] [--copies N] [--json] [--cfg NAME:TOTAL_B:SEG_B:CHUNK_B:GRID:"
-                            "WARPS:STAGES[:WORK] ...]\n");
+                            "WARPS:STAGES[:WORK] ...] [--chain NAME:GRID:WARPS:STAGES:CHUNK_B:PHASES ...]\n");
             return 2;
         }
     }
@@ -197,7 +377,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "mem_probe: --iters and --copies must be at least 1\n");
         return 2;
     }
-    if (cfgs.empty()) {
+    if (cfgs.empty() && chains.empty()) {
         /* the decode kernel's W13 at M = 1 (10 experts x 80 row tiles of 25.6 KB, chunks of
          * 3.2 KB, 100 blocks of 8 warps, 2 stages) and variations; W2 at M = 1 (1,600 tiles
          * of 6.4 KB, 200 blocks); both at once; larger reads; plain loads */
@@ -222,6 +402,28 @@ int main(int argc, char **argv)
             {"m16_w13_g396w8", 12000 * 25600LL, 25600, 3200, 396, 8, 2, 0}, {"big_ld", 12000 * 25600LL, 0, 0, 264, 16, 0, 0},
         };
         cfgs.assign(d, d + sizeof d / sizeof d[0]);
+        /* one launch for the MoE block's reads at M = 1 and 4 (132 blocks of 16 warps, rings of
+         * 4 chunks of 3.2 KB): W13 then W2 streamed on, behind a barrier, behind a barrier with
+         * W2's first chunks early; then the router's 2.6 MB (820 segments of 3.2 KB) before
+         * them behind a dependent barrier (the routing) */
+        const char *dc[] = {
+            "chain_m1_w13,w2:132:16:4:3200:20480000@25600,10240000@6400",
+            "chain_m1_w13/w2:132:16:4:3200:20480000@25600/10240000@6400",
+            "chain_m1_w13+w2:132:16:4:3200:20480000@25600+10240000@6400",
+            "chain_m1_r/w13+w2:132:16:4:3200:2624000@3200/20480000@25600+10240000@6400",
+            "chain_m4_w13+w2:132:16:4:3200:77824000@25600+38912000@6400",
+            "chain_m4_r/w13+w2:132:16:4:3200:2624000@3200/77824000@25600+38912000@6400",
+        };
+        for (const char *t : dc) {
+            cfg c;
+            chain_dev cd;
+            if (!parse_chain(t, c, cd)) {
+                fprintf(stderr, "mem_probe: default chain %s does not parse\n", t);
+                return 1;
+            }
+            chains.push_back(c);
+            chain_devs.push_back(cd);
+        }
     }
     int dev = 0, max_smem = 0;
     BENCH_CK(cudaGetDevice(&dev));
@@ -239,6 +441,23 @@ int main(int argc, char **argv)
         most = std::max(most, c.total);
     }
     BENCH_CK(cudaFuncSetAttribute(k_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
+    BENCH_CK(cudaFuncSetAttribute(k_chain, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
+    for (size_t i = 0; i < chains.size(); i++) {
+        const cfg &c = chains[i];
+        const char *why = check_chain(c, chain_devs[i], max_smem);
+        int per_sm = 0;
+        if (!why) {
+            BENCH_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_chain, c.warps * 32,
+                                                                   (size_t)c.warps * c.stages * c.chunk));
+            if ((long long)c.grid > (long long)per_sm * prop.multiProcessorCount)
+                why = "GRID does not fit the GPU at once (its barriers would never open)";
+        }
+        if (why) {
+            fprintf(stderr, "mem_probe: --chain %s: %s\n", c.name.c_str(), why);
+            return 2;
+        }
+        most = std::max(most, c.total);
+    }
     cudaStream_t s;
     BENCH_CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     const double bw = bench_copy_bandwidth(s);
@@ -247,8 +466,10 @@ int main(int argc, char **argv)
         BENCH_CK(cudaMalloc(&b, (size_t)most));
         BENCH_CK(cudaMemsetAsync(b, 0, (size_t)most, s));
     }
-    unsigned *sink;
+    unsigned *sink, *gbar;
     BENCH_CK(cudaMalloc(&sink, 16));
+    BENCH_CK(cudaMalloc(&gbar, 2 * sizeof(unsigned)));
+    BENCH_CK(cudaMemsetAsync(gbar, 0, 2 * sizeof(unsigned), s));
     BENCH_CK(cudaStreamSynchronize(s));
 
     struct res {
@@ -259,12 +480,18 @@ int main(int argc, char **argv)
     cfg empty{"empty", 0, 0, 0, 1, 1, 0, 0};
     std::vector<cfg> all(1, empty);
     all.insert(all.end(), cfgs.begin(), cfgs.end());
-    for (auto &c : all) {
+    const size_t first_chain = all.size();
+    all.insert(all.end(), chains.begin(), chains.end());
+    for (size_t ci = 0; ci < all.size(); ci++) {
+        const cfg &c = all[ci];
         std::vector<cudaGraphExec_t> g;
         for (int i = 0; i < copies; i++) {
             cudaGraph_t graph;
             BENCH_CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-            if (c.total == 0)
+            if (ci >= first_chain)
+                k_chain<<<c.grid, c.warps * 32, (size_t)c.warps * c.stages * c.chunk, s>>>(
+                    buf[(size_t)i], chain_devs[ci - first_chain], (int)c.chunk, c.stages, gbar, sink);
+            else if (c.total == 0)
                 k_empty<<<1, 32, 0, s>>>(sink);
             else if (c.stages == 0)
                 k_load<<<c.grid, c.warps * 32, 0, s>>>(reinterpret_cast<const uint4 *>(buf[(size_t)i]), c.total / 16, sink);
@@ -286,9 +513,9 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < out.size(); i++) {
             const res &r = out[i];
             printf("%s{\"name\": \"%s\", \"bytes\": %lld, \"seg\": %lld, \"chunk\": %lld, \"grid\": %d, \"warps\": %d, "
-                   "\"stages\": %d, \"work\": %d, \"us\": %.3f}",
+                   "\"stages\": %d, \"work\": %d, \"phases\": \"%s\", \"us\": %.3f}",
                    i ? ", " : "", r.c.name.c_str(), r.c.total, r.c.seg, r.c.chunk, r.c.grid, r.c.warps, r.c.stages, r.c.work,
-                   r.us);
+                   r.c.phases.c_str(), r.us);
         }
         printf("]}\n");
     } else {
@@ -301,6 +528,8 @@ int main(int argc, char **argv)
             printf("%-26s %10.2f %8lld %7lld %5d %5d %6d %5d %9.2f %8.1f %7.1f%%\n", r.c.name.c_str(), r.c.total * 1e-6,
                    r.c.seg, r.c.chunk, r.c.grid, r.c.warps, r.c.stages, r.c.work, r.us, gbs, 100.0 * gbs * 1e9 / bw);
         }
+        for (auto &r : out)
+            if (!r.c.phases.empty()) printf("  %s: %s\n", r.c.name.c_str(), r.c.phases.c_str());
     }
     /* block placement of persistent-sized grids */
     {
@@ -333,6 +562,7 @@ int main(int argc, char **argv)
     }
     for (auto &b : buf) BENCH_CK(cudaFree(b));
     BENCH_CK(cudaFree(sink));
+    BENCH_CK(cudaFree(gbar));
     BENCH_CK(cudaStreamDestroy(s));
     return 0;
 }
