@@ -1,5 +1,6 @@
 /* engines.c — binds engine names to the implementations in this binary (see engines.h). */
 #include "engines.h"
+#include "db/db.h"
 #include "ref/engine_ref.h"
 
 #include <string.h>
@@ -53,3 +54,14 @@ td_status td_engine_load(const char *checkpoint, const td_variant *v, td_engine 
     return TD_OK;
 }
 
+
+td_status td_engine_device_record(struct td_db *db, int64_t run, const td_engine_device *d, td_err *err)
+{
+    if (!db || !d || !d->gpu_name[0]) return TD_OK;
+    td_db_device dev;
+    memset(&dev, 0, sizeof dev);
+    dev.gpu_name = d->gpu_name;
+    dev.gpu_driver = d->gpu_driver[0] ? d->gpu_driver : NULL;
+    dev.cuda_version = d->cuda_version[0] ? d->cuda_version : NULL;
+    return td_db_run_set_device(db, run, &dev, err);
+}

@@ -11,6 +11,7 @@
  * - td_engine_load() validates the variant against the registry, loads the checkpoint with the
  *   engine's ops and returns an engine the caller frees with td_engine_free(). Errors name the
  *   variant, the engine and the option or tensor at fault.
+ * - td_engine_device_record() writes an engine's device facts into a run of the results store.
  * - Pure lookups; thread-safe.
  */
 #ifndef TD_ENGINES_H
@@ -18,7 +19,15 @@
 
 #include "engine.h"
 
+#include <stdint.h>
+
+struct td_db;
+
 const td_engine_ops *td_engine_impl(const char *name, const char **why);
 td_status td_engine_load(const char *checkpoint, const td_variant *v, td_engine **out, td_err *err);
+/* Record the GPU an engine ran on (td_engine_device) in run `run` of the results store: its
+ * name, driver and CUDA version, empty fields left as they are; nothing when d names no GPU
+ * (a CPU engine). */
+td_status td_engine_device_record(struct td_db *db, int64_t run, const td_engine_device *d, td_err *err);
 
 #endif /* TD_ENGINES_H */

@@ -180,6 +180,7 @@ typedef struct audit {
     size_t cap_r, cap_w, cap_s;
     td_engine_model model;            /* of the first engine */
     bool have_model;
+    td_engine_device device;          /* of the first engine on a GPU */
 } audit;
 
 static td_status variant_for_row(const audit *A, const td_variant *v, int64_t rank, td_variant *out, td_err *err)
@@ -257,6 +258,7 @@ static td_status slot_get(audit *A, const td_variant *v, const char *label, size
         A->model = *td_engine_model_info(s->e);
         A->have_model = true;
     }
+    if (!A->device.gpu_name[0]) A->device = *td_engine_device_info(s->e);
     *idx = A->n_slots++;
     return TD_OK;
 }
@@ -930,6 +932,7 @@ td_status td_layer_audit_run(const td_layer_audit_opts *o, const td_layer_sink *
     if (!st) td_progress_done(&prog);
     else if (td_progress_enabled(&prog)) fputc('\n', stderr);
     sum->seconds = now_s() - t0;
+    sum->device = A.device;
     audit_free(&A);
     if (st) td_layer_summary_free(sum);
     return st;
@@ -1023,6 +1026,16 @@ cJSON *td_layer_summary_json(const td_layer_summary *s)
     cJSON_AddNumberToObject(o, "failed", (double)s->failed);
     cJSON_AddNumberToObject(o, "skipped", (double)s->skipped);
     cJSON_AddNumberToObject(o, "seconds", s->seconds);
+    if (s->device.gpu_name[0]) {
+        cJSON *d = cJSON_AddObjectToObject(o, "device");
+        if (d) {
+            cJSON_AddStringToObject(d, "gpu_name", s->device.gpu_name);
+            cJSON_AddStringToObject(d, "gpu_driver", s->device.gpu_driver);
+            cJSON_AddStringToObject(d, "cuda_version", s->device.cuda_version);
+        }
+    } else {
+        cJSON_AddNullToObject(o, "device");
+    }
     cJSON *arr = cJSON_AddArrayToObject(o, "groups");
     for (size_t i = 0; arr && i < s->n_groups; i++) {
         const td_layer_group *g = &s->groups[i];
@@ -1080,6 +1093,10 @@ void td_layer_summary_print(const td_layer_summary *s, FILE *f)
     fprintf(f, "\n%lld row(s), %lld check(s): %lld passed, %lld failed, %lld recorded only; %.1f s\n",
             (long long)s->rows, (long long)s->checks, (long long)s->passed, (long long)s->failed,
             (long long)s->skipped, s->seconds);
+    if (s->device.gpu_name[0])
+        fprintf(f, "GPU: %s (driver %s, CUDA %s)\n", s->device.gpu_name,
+                s->device.gpu_driver[0] ? s->device.gpu_driver : "unknown",
+                s->device.cuda_version[0] ? s->device.cuda_version : "unknown");
 }
 
 void td_layer_tap_key(const td_layer_row *row, const td_layer_check *c, char *buf, size_t cap)

@@ -185,6 +185,7 @@ typedef struct td_layer_summary {
     double seconds;
     td_layer_group *groups;        /* [n_groups] */
     size_t n_groups;
+    td_engine_device device;       /* the GPU of the first engine that runs on one; empty: none */
 } td_layer_summary;
 
 void td_layer_summary_free(td_layer_summary *s);

@@ -1,6 +1,7 @@
 /* cmd_audit_layer.c — `tandem audit layer`: options in, audit/layer_audit.c does the work. */
 #include "cmd_audit_layer.h"
 #include "args.h"
+#include "audit/engines.h"
 #include "audit/layer_audit.h"
 #include "db/db.h"
 
@@ -494,12 +495,14 @@ int cmd_audit_layer(int argc, char **argv)
     td_layer_sink sink = {&sc, on_row};
     td_layer_summary sum;
     st = td_layer_audit_run(&o, &sink, &sum, &err);
+    if (!st && sc.db) st = td_engine_device_record(sc.db, sc.run, &sum.device, &err);
     if (st) {
         cli_error("audit layer", err.msg);
         if (sc.db) {
             td_err e2;
             (void)td_db_run_end(sc.db, sc.run, TD_DB_RUN_FAILED, 2, err.msg, &e2);
         }
+        td_layer_summary_free(&sum); /* the audit's own failure has freed it already */
         goto out;
     }
     rc = sum.failed ? 1 : 0;

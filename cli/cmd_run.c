@@ -324,8 +324,10 @@ int cmd_run(int argc, char **argv)
     const td_gen_params gp0 = {.max_new = max_new, .eos = (int32_t)cfg.eos_token_id, .ignore_eos = ignore_eos};
     for (int v = 0; v < nv && !rc; v++) {
         td_engine *e = NULL;
-        if (td_engine_load(model, &vars[v], &e, &err)) {
+        if (td_engine_load(model, &vars[v], &e, &err) ||
+            (db && td_engine_device_record(db, run_id, td_engine_device_info(e), &err))) {
             fprintf(stderr, PREFIX "%s\n", err.msg);
+            td_engine_free(e);
             rc = 2;
             break;
         }

@@ -605,6 +605,53 @@ void td_engine_set_taps(td_engine *e, td_taps *taps)
 
 const td_variant *td_engine_variant(const td_engine *e) { return &e->variant; }
 const td_engine_model *td_engine_model_info(const td_engine *e) { return &e->model; }
+const td_engine_device *td_engine_device_info(const td_engine *e) { return &e->device; }
+
+void td_engine_driver_version(const char *text, size_t len, char *out, size_t cap)
+{
+    static const char key[] = "NVRM version:";
+    const size_t kl = sizeof key - 1;
+    if (cap) out[0] = '\0';
+    if (!text || !out || !cap) return;
+    size_t i = 0;
+    /* the line that starts with the key */
+    for (;;) {
+        if (len - i >= kl && !memcmp(text + i, key, kl)) break;
+        while (i < len && text[i] != '\n') i++;
+        if (i >= len) return;
+        i++;
+    }
+    i += kl;
+    while (i < len && text[i] != '\n') {
+        while (i < len && (text[i] == ' ' || text[i] == '\t')) i++;
+        size_t b = i, dots = 0;
+        bool digits_dots = true;
+        while (i < len && text[i] != ' ' && text[i] != '\t' && text[i] != '\n') {
+            if (text[i] == '.') dots++;
+            else if (text[i] < '0' || text[i] > '9') digits_dots = false;
+            i++;
+        }
+        const size_t n = i - b;
+        if (n && digits_dots && dots && text[b] != '.' && text[i - 1] != '.') {
+            if (n >= cap) return;
+            memcpy(out, text + b, n);
+            out[n] = '\0';
+            return;
+        }
+    }
+}
+
+void td_engine_read_driver_version(char *out, size_t cap)
+{
+    if (!out || !cap) return;
+    out[0] = '\0';
+    FILE *f = fopen("/proc/driver/nvidia/version", "rb");
+    if (!f) return;
+    char buf[4096];
+    const size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    td_engine_driver_version(buf, n, out, cap);
+}
 
 void td_engine_free(td_engine *e)
 {

@@ -305,11 +305,20 @@ typedef struct td_engine_ops {
     void (*free)(td_engine *e);
 } td_engine_ops;
 
+/* What an engine runs on, for the results store (runs.gpu_name, gpu_driver, cuda_version):
+ * empty strings for engines on the host's CPU (the store records the CPU itself). */
+typedef struct td_engine_device {
+    char gpu_name[256];          /* e.g. "NVIDIA H100 80GB HBM3" (cudaDeviceProp.name's size) */
+    char gpu_driver[64];         /* the kernel driver's version, e.g. "580.159.04" */
+    char cuda_version[32];       /* the CUDA runtime the engine was built with, e.g. "13.0" */
+} td_engine_device;
+
 /* The part of every engine the interface sees; engines embed it as their first member. */
 struct td_engine {
     const td_engine_ops *ops;
     td_variant variant;          /* resolved copy (threads=auto resolved) */
     td_engine_model model;
+    td_engine_device device;     /* filled by the engine's load; all empty for CPU engines */
     td_taps *taps;               /* borrowed; NULL = taps off */
 };
 
@@ -326,6 +335,15 @@ td_status td_engine_put_tap(td_engine *e, int64_t layer, const char *suffix, td_
                             const int64_t *shape, const void *data, td_err *err);
 const td_variant *td_engine_variant(const td_engine *e);
 const td_engine_model *td_engine_model_info(const td_engine *e);
+const td_engine_device *td_engine_device_info(const td_engine *e);
+/* The NVIDIA kernel driver's version from the text of /proc/driver/nvidia/version (len bytes,
+ * not NUL-terminated, hostile): the first token of its "NVRM version:" line made of digits
+ * and dots with at least one dot ("580.159.04"), copied into out (cap bytes); "" when there is
+ * none or it does not fit. */
+void td_engine_driver_version(const char *text, size_t len, char *out, size_t cap);
+/* The same from this host's /proc/driver/nvidia/version (its first 4 KB); "" when the file
+ * is missing or holds no version. */
+void td_engine_read_driver_version(char *out, size_t cap);
 void td_engine_free(td_engine *e);
 
 /* ---- registry ------------------------------------------------------------------------------ */

@@ -27,6 +27,8 @@
 #include "engine_test.h"
 #include "engine.h"
 #include "audit/engines.h"
+#include "db/db.h"
+#include "db/query.h"
 #include "ref/engine_ref.h"
 #include "moe_fixture.h"
 #include "ref/moe.h"
@@ -591,9 +593,151 @@ static void engine_check_tp(void **state)
     assert_int_equal(td_engine_check_tp(&c, 7, "ref", "CKPT", &err), TD_OK);
 }
 
+/* driver_version(TEXT) with out poisoned and a cap of `cap`; the text is copied into a buffer
+ * of exactly its length (no NUL after it) so that a read past it is caught under ASan. */
+static const char *driver_version(const char *text, size_t cap)
+{
+    static char out[64];
+    memset(out, 'X', sizeof out);
+    size_t n = strlen(text);
+    char *t = malloc(n ? n : 1);
+    assert_non_null(t);
+    memcpy(t, text, n);
+    td_engine_driver_version(t, n, out, cap);
+    free(t);
+    assert_true(memchr(out, '\0', cap) != NULL);
+    return out;
+}
+
+static void engine_driver_version(void **state)
+{
+    (void)state;
+    /* the proprietary and the open kernel modules' first lines */
+    assert_string_equal(driver_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Wed Oct  1 "
+                                       "00:00:00 UTC 2026\nGCC version:  gcc version 13.3.0\n", 64),
+                        "580.159.04");
+    assert_string_equal(driver_version("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  "
+                                       "Release Build  (dvs-builder@U16)  Tue Sep 30 2026\n", 64),
+                        "580.95.05");
+    /* the key on a later line; no newline at the end */
+    assert_string_equal(driver_version("junk line 1.2\nNVRM version: NVIDIA 575.51.03", 64), "575.51.03");
+    /* nothing to take: empty, no key, a key with no version, versions only on other lines,
+     * tokens with no dot, ending or starting with a dot, with letters */
+    const char *none[] = {"",
+                          "\n\n",
+                          "NVRM version:",
+                          "NVRM version:   \n580.1.2",
+                          "GCC version: 13.3.0\n",
+                          "NVRM version: NVIDIA 580 x86_64\n",
+                          "NVRM version: 580.\n",
+                          "NVRM version: .580\n",
+                          "NVRM version: 580.1a.2 v1.2b\n",
+                          "nvrm version: 580.1.2\n",
+                          "NVRM version 580.1.2\n"};
+    for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) assert_string_equal(driver_version(none[i], 64), "");
+    /* a version that does not fit the output gives "", one that just fits is copied */
+    assert_string_equal(driver_version("NVRM version: 580.159.04\n", 10), "");
+    assert_string_equal(driver_version("NVRM version: 580.159.04\n", 11), "580.159.04");
+    /* NULL text or a zero capacity write nothing past the buffer */
+    char out[4] = "abc";
+    td_engine_driver_version(NULL, 5, out, sizeof out);
+    assert_string_equal(out, "");
+    memcpy(out, "abc", 4);
+    td_engine_driver_version("NVRM version: 1.2", 17, out, 0);
+    assert_string_equal(out, "abc");
+    /* seeded random bytes around the key never read or write out of bounds (ASan) */
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int t = 0; t < 2000; t++) {
+        char buf[96];
+        size_t n = 0;
+        if (t & 1) {
+            memcpy(buf, "NVRM version:", 13);
+            n = 13;
+        }
+        size_t extra = (size_t)(t % 80);
+        for (size_t j = 0; j < extra && n < sizeof buf - 1; j++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            const char alphabet[] = "0123456789.. \t\nNVa";
+            buf[n++] = alphabet[x % (sizeof alphabet - 1)];
+        }
+        buf[n] = '\0';
+        const char *v = driver_version(buf, 16);
+        for (const char *c = v; *c; c++) assert_true((*c >= '0' && *c <= '9') || *c == '.');
+    }
+}
+
+static const char *run_str(td_db *db, int64_t run, const char *key, char *buf, size_t cap)
+{
+    cJSON *j;
+    td_err err;
+    assert_int_equal(td_db_run_show(db, run, &j, &err), TD_OK);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    const char *r = NULL;
+    if (cJSON_IsString(v)) {
+        snprintf(buf, cap, "%s", v->valuestring);
+        r = buf;
+    } else {
+        assert_true(cJSON_IsNull(v));
+    }
+    cJSON_Delete(j);
+    return r;
+}
+
+static void engine_device_record(void **state)
+{
+    (void)state;
+    /* the ref engine runs on the CPU: its device names no GPU */
+    mf_opts o;
+    mf_defaults(&o);
+    mf_model m;
+    const char *dir = write_fixture("engdev", &o, &m);
+    td_engine *e = td_test_engine(dir, "ref");
+    const td_engine_device *d = td_engine_device_info(e);
+    assert_string_equal(d->gpu_name, "");
+    assert_string_equal(d->gpu_driver, "");
+    assert_string_equal(d->cuda_version, "");
+    /* recorded into a run: nothing for a CPU engine; a GPU's name, driver and CUDA version,
+     * empty fields left as they were */
+    const char *path = td_test_path("engdev.db");
+    remove(path);
+    td_db *db;
+    td_err err;
+    assert_int_equal(td_db_open(path, TD_DB_CREATE, &db, &err), TD_OK);
+    td_db_run_info info;
+    memset(&info, 0, sizeof info);
+    info.kind = "audit.layer";
+    int64_t run;
+    assert_int_equal(td_db_run_begin(db, &info, &run, &err), TD_OK);
+    char buf[256];
+    assert_int_equal(td_engine_device_record(db, run, d, &err), TD_OK);
+    assert_null(run_str(db, run, "gpu_name", buf, sizeof buf));
+    td_engine_device g;
+    memset(&g, 0, sizeof g);
+    snprintf(g.gpu_name, sizeof g.gpu_name, "NVIDIA Test GPU");
+    snprintf(g.gpu_driver, sizeof g.gpu_driver, "580.159.04");
+    snprintf(g.cuda_version, sizeof g.cuda_version, "13.0");
+    assert_int_equal(td_engine_device_record(db, run, &g, &err), TD_OK);
+    assert_string_equal(run_str(db, run, "gpu_name", buf, sizeof buf), "NVIDIA Test GPU");
+    assert_string_equal(run_str(db, run, "gpu_driver", buf, sizeof buf), "580.159.04");
+    assert_string_equal(run_str(db, run, "cuda_version", buf, sizeof buf), "13.0");
+    snprintf(g.gpu_name, sizeof g.gpu_name, "NVIDIA Other GPU");
+    g.gpu_driver[0] = '\0';
+    assert_int_equal(td_engine_device_record(db, run, &g, &err), TD_OK);
+    assert_string_equal(run_str(db, run, "gpu_name", buf, sizeof buf), "NVIDIA Other GPU");
+    assert_string_equal(run_str(db, run, "gpu_driver", buf, sizeof buf), "580.159.04");
+    /* no store, no device: nothing to do */
+    assert_int_equal(td_engine_device_record(NULL, run, &g, &err), TD_OK);
+    assert_int_equal(td_engine_device_record(db, run, NULL, &err), TD_OK);
+    td_db_close(db);
+    td_engine_free(e);
+    mf_free(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(engine_driver_version),
+        cmocka_unit_test(engine_device_record),
         cmocka_unit_test(engine_model_from_config_copies_every_field),
         cmocka_unit_test(engine_check_tp),
         cmocka_unit_test(variant_parse_valid),

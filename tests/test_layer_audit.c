@@ -333,7 +333,27 @@ static void grid_default_pairs_all_pass(void **state)
     validate(schema, c.rows, "rows");
     cJSON *sj = td_layer_summary_json(&sum);
     assert_int_equal(cJSON_GetObjectItem(sj, "failed")->valueint, 0);
+    /* ref engines run on the CPU: no GPU in the summary */
+    assert_int_equal(sum.device.gpu_name[0], '\0');
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(sj, "device")));
     cJSON_Delete(sj);
+    /* a summary that names a GPU says so in its JSON and its last line */
+    snprintf(sum.device.gpu_name, sizeof sum.device.gpu_name, "NVIDIA Test GPU");
+    snprintf(sum.device.cuda_version, sizeof sum.device.cuda_version, "13.0");
+    sj = td_layer_summary_json(&sum);
+    const cJSON *dev = cJSON_GetObjectItem(sj, "device");
+    assert_string_equal(cJSON_GetObjectItem(dev, "gpu_name")->valuestring, "NVIDIA Test GPU");
+    assert_string_equal(cJSON_GetObjectItem(dev, "gpu_driver")->valuestring, "");
+    assert_string_equal(cJSON_GetObjectItem(dev, "cuda_version")->valuestring, "13.0");
+    cJSON_Delete(sj);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    td_layer_summary_print(&sum, f);
+    fclose(f);
+    assert_non_null(strstr(text, "\nGPU: NVIDIA Test GPU (driver unknown, CUDA 13.0)\n"));
+    free(text);
     cJSON_Delete(schema);
     cJSON_Delete(c.rows);
     td_layer_summary_free(&sum);

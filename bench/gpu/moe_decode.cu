@@ -74,6 +74,7 @@
  */
 extern "C" {
 #include "db.h"
+#include "engine.h"
 #include "td.h"
 }
 #include "moe_block.cuh"
@@ -532,6 +533,30 @@ int main(int argc, char **argv)
     const int64_t H = o.H, E = o.E, k = o.k, il = o.I / o.tp, isl = o.Is / o.tp;
     const int64_t Mmax = *std::max_element(o.Ms.begin(), o.Ms.end());
     const double copy_bw = bench_copy_bandwidth(s);
+    /* the results store's run begins here, with the GPU it runs on; its timings are written
+     * when the bench ends (a bench that stops before leaves the run unfinished) */
+    td_db *db = NULL;
+    int64_t run = 0;
+    if (o.db) {
+        TRYE(td_db_open(o.db, TD_DB_CREATE, &db, &err), err);
+        td_db_run_info info;
+        memset(&info, 0, sizeof info);
+        info.kind = "bench";
+        info.argc = argc;
+        info.argv = argv;
+        TRYE(td_db_run_begin(db, &info, &run, &err), err);
+        char driver[64], cuda_version[32] = "";
+        int rv = 0;
+        td_engine_read_driver_version(driver, sizeof driver);
+        if (cudaRuntimeGetVersion(&rv) == cudaSuccess)
+            snprintf(cuda_version, sizeof cuda_version, "%d.%d", rv / 1000, rv % 1000 / 10);
+        td_db_device dev;
+        memset(&dev, 0, sizeof dev);
+        dev.gpu_name = prop.name;
+        dev.gpu_driver = driver[0] ? driver : NULL;
+        dev.cuda_version = cuda_version[0] ? cuda_version : NULL;
+        TRYE(td_db_run_set_device(db, run, &dev, &err), err);
+    }
 
     /* ---- the engine's layout, one rank ---- */
     int64_t R13, K13, w13b, s13p, s13r, R2, K2, w2b, s2p, s2r;
@@ -931,16 +956,21 @@ int main(int argc, char **argv)
                    r.chain_routed, 100.0 * r.floor_routed / r.chain_routed, 100.0 * r.floor_block / r.chain_block,
                    r.chain_cublas, r.chain_cublas / r.chain_block);
     }
-    if (o.db) {
-        td_db *db;
-        TRYE(td_db_open(o.db, TD_DB_CREATE, &db, &err), err);
-        td_db_run_info info;
-        memset(&info, 0, sizeof info);
-        info.kind = "bench";
-        info.argc = argc;
-        info.argv = argv;
-        int64_t run;
-        TRYE(td_db_run_begin(db, &info, &run, &err), err);
+    if (db) {
+        {
+            td_db_timing_row tr;
+            memset(&tr, 0, sizeof tr);
+            tr.bench = "moe_decode.copy_bandwidth";
+            tr.shape = "";
+            tr.metric = "median";
+            tr.variant = variant;
+            tr.value = copy_bw * 1e-9;
+            tr.unit = "GB/s";
+            tr.n = 10; /* bench_copy_bandwidth's median of 10 copies */
+            tr.stddev = NAN;
+            tr.higher_is_better = true;
+            TRYE(td_db_put_timing(db, run, &tr, &err), err);
+        }
         for (const row &r : rows) {
             char shape[128], bigs[32] = "", dense[32] = "";
             if (o.big) snprintf(bigs, sizeof bigs, ".big%lld", (long long)o.big);

@@ -1180,6 +1180,47 @@ static void cuda_group_arrays(void **state)
     gpu_check(td_cuda_group_check, "grouping", "perm[");
 }
 
+/* The first line nvidia-smi prints for a query (e.g. "name"), or "" without nvidia-smi. */
+static void smi_query(const char *what, char *out, size_t cap)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "nvidia-smi --query-gpu=%s --format=csv,noheader 2>/dev/null", what);
+    out[0] = '\0';
+    FILE *p = popen(cmd, "r");
+    if (!p) return;
+    if (!fgets(out, (int)cap, p)) out[0] = '\0';
+    pclose(p);
+    out[strcspn(out, "\r\n")] = '\0';
+}
+
+/* The engine says which GPU it runs on (for the results store): the name and driver that
+ * nvidia-smi reports, and the CUDA runtime's version as N.N. */
+static void cuda_device_described(void **state)
+{
+    (void)state;
+    mf_opts o;
+    mf_defaults(&o);
+    mf_model m;
+    const char *dir = fixture_or_skip("gpu_dev", &o, &m);
+    td_engine *e = td_test_engine(dir, "cuda");
+    const td_engine_device *d = td_engine_device_info(e);
+    print_message("  GPU %s, driver %s, CUDA %s\n", d->gpu_name, d->gpu_driver, d->cuda_version);
+    assert_true(d->gpu_name[0] != '\0');
+    assert_true(d->gpu_driver[0] != '\0');
+    int major = -1, minor = -1, used = -1;
+    assert_int_equal(sscanf(d->cuda_version, "%d.%d%n", &major, &minor, &used), 2);
+    assert_int_equal(d->cuda_version[used], '\0');
+    assert_true(major >= 12 && minor >= 0);
+    char smi[256];
+    smi_query("name", smi, sizeof smi);
+    if (smi[0]) assert_string_equal(d->gpu_name, smi);
+    smi_query("driver_version", smi, sizeof smi);
+    if (smi[0]) assert_string_equal(d->gpu_driver, smi);
+    else print_message("  (no nvidia-smi: name and driver not cross-checked)\n");
+    td_engine_free(e);
+    mf_free(&m);
+}
+
 static void cuda_rejects(void **state)
 {
     (void)state;
@@ -1325,6 +1366,7 @@ int main(void)
         cmocka_unit_test(cuda_round_stage),
         cmocka_unit_test(cuda_group_arrays),
         cmocka_unit_test(cuda_rejects),
+        cmocka_unit_test(cuda_device_described),
         cmocka_unit_test(cuda_load_completes),
         cmocka_unit_test(cuda_vs_ref_modelopt),
         cmocka_unit_test(cuda_vs_ref_ct_bf16_shared),
