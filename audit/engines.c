@@ -54,7 +54,6 @@ td_status td_engine_load(const char *checkpoint, const td_variant *v, td_engine 
     return TD_OK;
 }
 
-
 td_status td_engine_device_record(struct td_db *db, int64_t run, const td_engine_device *d, td_err *err)
 {
     if (!db || !d || !d->gpu_name[0]) return TD_OK;

@@ -589,22 +589,6 @@ static td_status alloc_ws(cu_engine *c, td_err *err)
     return TD_OK;
 }
 
-/* What this engine runs on, for the results store: the current device's name, the kernel
- * driver's version (the CUDA driver API's when /proc has none), the CUDA runtime's version.
- * A query that fails leaves its field empty. */
-static void cu_describe_device(td_engine_device *d)
-{
-    int dev = 0, v = 0;
-    cudaDeviceProp prop;
-    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
-        snprintf(d->gpu_name, sizeof d->gpu_name, "%s", prop.name);
-    td_engine_read_driver_version(d->gpu_driver, sizeof d->gpu_driver);
-    if (!d->gpu_driver[0] && cudaDriverGetVersion(&v) == cudaSuccess)
-        snprintf(d->gpu_driver, sizeof d->gpu_driver, "CUDA driver API %d.%d", v / 1000, v % 1000 / 10);
-    if (cudaRuntimeGetVersion(&v) == cudaSuccess)
-        snprintf(d->cuda_version, sizeof d->cuda_version, "%d.%d", v / 1000, v % 1000 / 10);
-}
-
 static td_status cu_load(const char *checkpoint, const td_variant *v, td_engine **out, td_err *err)
 {
     *out = NULL;

@@ -1,6 +1,8 @@
 /* moe_block.cu — the MoE block's launch sequence (see moe_block.cuh). */
 #include "moe_block.cuh"
 
+#include <stdio.h>
+
 #include <string.h>
 
 static void mm_groups(const cu_block_shape *sh, const cu_qmat *w13, const cu_qmat *w2, const cu_block_ws *ws,
@@ -308,4 +310,18 @@ td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *ly, const cu_
     if (pending) st = shared_join(c, st, err);
     if (!st && all) st = cu_moe_round(c->out, c->out, Mc * H, act, s, err);
     return st;
+}
+
+void cu_describe_device(td_engine_device *d)
+{
+    int dev = 0, v = 0;
+    cudaDeviceProp prop;
+    memset(d, 0, sizeof *d);
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
+        snprintf(d->gpu_name, sizeof d->gpu_name, "%s", prop.name);
+    td_engine_read_driver_version(d->gpu_driver, sizeof d->gpu_driver);
+    if (!d->gpu_driver[0] && cudaDriverGetVersion(&v) == cudaSuccess)
+        snprintf(d->gpu_driver, sizeof d->gpu_driver, "CUDA driver API %d.%d", v / 1000, v % 1000 / 10);
+    if (cudaRuntimeGetVersion(&v) == cudaSuccess)
+        snprintf(d->cuda_version, sizeof d->cuda_version, "%d.%d", v / 1000, v % 1000 / 10);
 }

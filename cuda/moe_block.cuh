@@ -34,6 +34,9 @@
 #ifndef TD_CUDA_MOE_BLOCK_CUH
 #define TD_CUDA_MOE_BLOCK_CUH
 
+extern "C" {
+#include "engine.h"
+}
 #include "moe.cuh"
 #include "moe_mma.cuh"
 
@@ -111,5 +114,11 @@ typedef enum cu_block_part { CU_BLOCK_MOE = 0, CU_BLOCK_ROUTER, CU_BLOCK_ROUTED 
  * ws->eout (ROUTED). */
 td_status cu_moe_block(const cu_block_shape *sh, const cu_block_w *w, const cu_block_ws *ws, cu_block_part part,
                        bool routed, int64_t Mc, td_err *err);
+
+/* What the block runs on, for the results store (the engine's td_engine_device, the bench's
+ * run): the current device's name, the kernel driver's version (the CUDA driver API's when
+ * /proc has none), the CUDA runtime's version as N.N. A query that fails leaves its field
+ * empty; *d is cleared first. */
+void cu_describe_device(td_engine_device *d);
 
 #endif /* TD_CUDA_MOE_BLOCK_CUH */

@@ -74,7 +74,7 @@
  */
 extern "C" {
 #include "db.h"
-#include "engine.h"
+#include "engines.h"
 #include "td.h"
 }
 #include "moe_block.cuh"
@@ -545,17 +545,9 @@ int main(int argc, char **argv)
         info.argc = argc;
         info.argv = argv;
         TRYE(td_db_run_begin(db, &info, &run, &err), err);
-        char driver[64], cuda_version[32] = "";
-        int rv = 0;
-        td_engine_read_driver_version(driver, sizeof driver);
-        if (cudaRuntimeGetVersion(&rv) == cudaSuccess)
-            snprintf(cuda_version, sizeof cuda_version, "%d.%d", rv / 1000, rv % 1000 / 10);
-        td_db_device dev;
-        memset(&dev, 0, sizeof dev);
-        dev.gpu_name = prop.name;
-        dev.gpu_driver = driver[0] ? driver : NULL;
-        dev.cuda_version = cuda_version[0] ? cuda_version : NULL;
-        TRYE(td_db_run_set_device(db, run, &dev, &err), err);
+        td_engine_device dev;
+        cu_describe_device(&dev);
+        TRYE(td_engine_device_record(db, run, &dev, &err), err);
     }
 
     /* ---- the engine's layout, one rank ---- */
