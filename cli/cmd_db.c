@@ -346,7 +346,8 @@ static int db_runs(opts *o)
             {"KIND", "kind", CELL_STR},       {"STATUS", "status", CELL_STR},
             {"STARTED (UTC)", "started_at", CELL_TIME}, {"SECONDS", "duration_s", CELL_NUM},
             {"COMMIT", "git_commit", CELL_SHORT}, {"HOST", "host", CELL_STR},
-            {"CHECKPOINT", "checkpoint_path", CELL_BASE}, {"VARIANTS", "variants", CELL_STR},
+            {"GPU", "gpu_name", CELL_STR},    {"CHECKPOINT", "checkpoint_path", CELL_BASE},
+            {"VARIANTS", "variants", CELL_STR},
         };
         print_table(res, cols, TD_ARRAY_LEN(cols), 0);
     }

@@ -47,6 +47,10 @@ static void populate(const char *path, int n_runs)
                                  .first_diff = -1, .verdict = TD_DB_PASS};
             assert_int_equal(td_db_put_layer(db, run, &r, &err), TD_OK);
         }
+        if (k % 2) { /* a bench names its GPU */
+            td_db_device dev = {.gpu_name = "NVIDIA H200", .gpu_driver = "580.159.04", .cuda_version = "13.0"};
+            assert_int_equal(td_db_run_set_device(db, run, &dev, &err), TD_OK);
+        }
         assert_int_equal(td_db_run_end(db, run, TD_DB_RUN_OK, 0, NULL, &err), TD_OK);
     }
     td_db_close(db);
@@ -137,11 +141,15 @@ static void cli_tables_and_json(void **state)
     assert_non_null(strstr(out, "STATUS"));
     assert_non_null(strstr(out, "audit.layer"));
     assert_non_null(strstr(out, "ref cuda:storage=raw"));
+    /* the GPU column: the bench's GPU, "-" for the runs that name none */
+    assert_non_null(strstr(out, "  GPU  "));
+    assert_non_null(strstr(out, "NVIDIA H200"));
     free(out);
     assert_int_equal(run_db(&out, "--db %s runs --kind bench --json", db), 0);
     cJSON *j = cJSON_Parse(out);
     assert_non_null(j);
     assert_int_equal(cJSON_GetArraySize(j), 1);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 0), "gpu_name")->valuestring, "NVIDIA H200");
     cJSON_Delete(j);
     free(out);
     assert_int_equal(run_db(&out, "--db %s show latest", db), 0);
