@@ -4,8 +4,10 @@
 # OUT/logs/*.txt, the bench's timings to OUT/bench.db. Sections (default: all):
 #   tests     tests/gpu/test_cuda_moe (every cuda-vs-ref pair, exact pairs, M sweep, admission)
 #   bench     bench/gpu/moe_decode at the production shape (fp16/bf16, prepared/raw,
-#             direct/grouped, TP1 and the TP4 slice), with the cuBLAS BF16 baseline
-#   audit     tandem audit layer on flash-next-moe-layer (3 layers) and on edge
+#             direct/grouped, TP1 and the TP4 slice), with the cuBLAS BF16 baseline; then the
+#             store's runs (each names its GPU)
+#   audit     tandem audit layer on flash-next-moe-layer (3 layers) and on edge; then the
+#             store's runs (each names its GPU)
 #   sanitize  compute-sanitizer memcheck and racecheck on small bench runs (the decode kernel,
 #             the grouping and routing kernels, the tail by chunks; about 9 minutes)
 #   sanitize_parts  the same for the router and shared-expert GEMMs on k_wgp (about 3 minutes;
@@ -181,7 +183,8 @@ bench)
              "--act bf16 --dispatch grouped" "--act fp16 --tp 4" "--act fp16 --tp 4 --dispatch grouped"; do
     n=bench_$(echo $cfg | tr -d '-' | tr ' ' '_')
     t $n $B/moe_decode $cfg --cublas "$cublas" --db "$out/bench.db"
-  done ;;
+  done
+  t bench_runs $B/tandem db runs --db "$out/bench.db" ;;
 audit)
   t gen_fml $B/tandem gen --preset flash-next-moe-layer --layers 0,23,47 --out /tmp/fml3 --seed 1
   t gen_edge $B/tandem gen --preset edge --out /tmp/edge --seed 1
@@ -198,7 +201,8 @@ audit)
     --db "$out/audit.db" --out "$out/audit_fml_rows.json" --no-progress
   t audit_edge_prepared $B/tandem audit layer --model /tmp/edge --pair 'ref:scale=fp16,act_dtype=fp16,cuda:act_dtype=fp16' \
     --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,moe_dispatch=grouped,graphs=on@exact' --db "$out/audit.db" --no-progress
-  t audit_edge_raw $B/tandem audit layer --model /tmp/edge --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,storage=raw' --db "$out/audit.db" --no-progress ;;
+  t audit_edge_raw $B/tandem audit layer --model /tmp/edge --pair 'cuda:act_dtype=fp16,cuda:act_dtype=fp16,storage=raw' --db "$out/audit.db" --no-progress
+  t audit_runs $B/tandem db runs --db "$out/audit.db" ;;
 sanitize)
   s memcheck compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --experts 64 --M 1,3,4,5,16,40 --iters 3 --sets 2 --act fp16 --dispatch grouped
   s memcheck_raw compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --experts 64 --M 3,17 --iters 3 --sets 2 --act bf16 --storage raw --tp 4
