@@ -71,6 +71,11 @@
  * routes x this storage's W13+W2 bytes incl. scales, plus the input and output activations;
  * block: plus the router and the shared expert) over the copy bandwidth measured here
  * (cudaMemcpy device to device of 1 GiB, read + write bytes over time, median of 10).
+ * --db PATH: a run of kind "bench" in that results store, begun once the copy bandwidth is
+ * measured and naming the GPU, its driver and CUDA version (cu_describe_device); at the end
+ * one timing per (bench, shape, variant): moe_decode.block, .routed, .router, .route,
+ * .cublas_bf16, .routed_floor, .block_floor, .chain_* (µs, medians) and
+ * moe_decode.copy_bandwidth (GB/s).
  */
 extern "C" {
 #include "db.h"
