@@ -2,7 +2,6 @@
 #include "moe_block.cuh"
 
 #include <stdio.h>
-
 #include <string.h>
 
 static void mm_groups(const cu_block_shape *sh, const cu_qmat *w13, const cu_qmat *w2, const cu_block_ws *ws,

@@ -29,7 +29,8 @@
  *
  * Contract: plain data in, launches out; nothing is allocated, nothing synchronizes, nothing
  * reads host memory (the whole sequence can be captured into a graph). Errors name the
- * launch at fault.
+ * launch at fault. cu_describe_device (outside any graph: device queries and a /proc read)
+ * says which GPU the block runs on, for the results store.
  */
 #ifndef TD_CUDA_MOE_BLOCK_CUH
 #define TD_CUDA_MOE_BLOCK_CUH
