@@ -379,16 +379,18 @@ td_status td_db_regress(td_db *db, const td_db_regress_opts *o, cJSON **out, int
     /* both runs: statuses and identities */
     cJSON *runs[2] = {cJSON_AddObjectToObject(res, "baseline"), cJSON_AddObjectToObject(res, "run")};
     int64_t ids[2] = {o->baseline_run, o->run};
-    char cand_status[16] = "";
+    char cand_status[16] = "", gpu[2][256] = {"", ""};
     for (int i = 0; i < 2 && s == TD_OK; i++) {
         sqlite3_stmt *st;
-        s = td_db_prepare(db, "SELECT id, uid, kind, status, started_at, git_commit FROM runs WHERE id = ?1", &st, err);
+        s = td_db_prepare(db, "SELECT id, uid, kind, status, started_at, git_commit, gpu_name FROM runs WHERE id = ?1",
+                          &st, err);
         if (s != TD_OK) break;
         sqlite3_bind_int64(st, 1, ids[i]);
         int rc = sqlite3_step(st);
         if (rc == SQLITE_ROW) {
             td_db_row_json(st, 0, runs[i]);
             if (i == 1) snprintf(cand_status, sizeof cand_status, "%s", col_text(st, 3));
+            snprintf(gpu[i], sizeof gpu[i], "%s", col_text(st, 6));
         } else {
             s = rc == SQLITE_DONE ? td_err_set(err, TD_ERR_NOTFOUND, "%s: no run %lld", db->path, (long long)ids[i])
                                   : td_db_sqlerr(db->h, rc, err, db->path);
@@ -400,6 +402,15 @@ td_status td_db_regress(td_db *db, const td_db_regress_opts *o, cJSON **out, int
         s = td_err_set(err, TD_ERR_ARG, "run %lld is still running; check it once it has ended", (long long)o->run);
     if (s == TD_OK && strcmp(cand_status, "ok"))
         reason(finding(&c, "runs", "status"), "the run ended '%s', not 'ok'", cand_status);
+    /* timings of two GPUs are not one series: gated, they would regress (or pass) by the
+     * hardware, so they are not compared and that is the finding; runs that name no GPU (CPU
+     * runs, stores before GPUs were recorded) are compared as before */
+    const bool other_gpu = gpu[0][0] && gpu[1][0] && strcmp(gpu[0], gpu[1]);
+    if (s == TD_OK && c.th->m[TD_DB_M_TIMING].gated && other_gpu)
+        reason(finding(&c, "runs", "gpu_name"),
+               "timings are gated, but the baseline ran on '%s' and the run on '%s': their timings are not "
+               "comparable",
+               gpu[0], gpu[1]);
 
     /* thresholds used */
     cJSON *th = cJSON_AddObjectToObject(res, "thresholds");
@@ -432,7 +443,7 @@ td_status td_db_regress(td_db *db, const td_db_regress_opts *o, cJSON **out, int
                       "FROM quality b LEFT JOIN quality a ON a.run_id = ?1 AND a.suite = b.suite "
                       "AND a.metric = b.metric AND a.variant = b.variant WHERE b.run_id = ?2",
                       o->baseline_run, o->run, rule_quality, err);
-    if (s == TD_OK && c.th->m[TD_DB_M_TIMING].gated)
+    if (s == TD_OK && c.th->m[TD_DB_M_TIMING].gated && !other_gpu)
         s = reg_query(db, &c,
                       "SELECT a.bench || ' ' || a.shape || ' ' || a.metric || ' ' || a.variant, a.value, "
                       "b.value, b.higher_is_better, b.unit FROM timings a JOIN timings b ON b.run_id = ?2 "

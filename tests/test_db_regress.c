@@ -202,6 +202,30 @@ static void regress_each_rule_fires(void **state)
     assert_int_equal(n, 1);
     assert_true(has_reason(j, "timings", "lower is better"));
     cJSON_Delete(j);
+    /* gated timings of two GPUs are not compared: the other GPU is the finding; one run
+     * naming no GPU, or both the same, compares them as before */
+    td_db_device h200 = {.gpu_name = "NVIDIA H200"}, h100 = {.gpu_name = "NVIDIA H100 80GB HBM3"};
+    assert_int_equal(td_db_run_set_device(db, base, &h200, &err), TD_OK);
+    j = regress(db, base, r, &th, false, &n);
+    assert_int_equal(n, 1);
+    assert_true(has_reason(j, "timings", "lower is better"));
+    cJSON_Delete(j);
+    assert_int_equal(td_db_run_set_device(db, r, &h100, &err), TD_OK);
+    j = regress(db, base, r, &th, false, &n);
+    assert_int_equal(n, 1);
+    assert_true(has_reason(j, "runs", "baseline ran on 'NVIDIA H200' and the run on 'NVIDIA H100 80GB HBM3'"));
+    assert_false(has_reason(j, "timings", "lower is better"));
+    cJSON_Delete(j);
+    td_db_thresholds_default(&th); /* not gated: the GPUs do not matter */
+    j = regress(db, base, r, &th, false, &n);
+    assert_int_equal(n, 0);
+    cJSON_Delete(j);
+    assert_int_equal(td_db_threshold_parse(&th, "timing=5%", &err), TD_OK);
+    assert_int_equal(td_db_run_set_device(db, r, &h200, &err), TD_OK);
+    j = regress(db, base, r, &th, false, &n);
+    assert_int_equal(n, 1);
+    assert_true(has_reason(j, "timings", "lower is better"));
+    cJSON_Delete(j);
     /* missing results count, and regress only with require_all */
     audit part = NORMAL;
     part.drop_last = true;
