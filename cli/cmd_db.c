@@ -320,7 +320,7 @@ typedef struct subcmd {
 
 static const opt_spec runs_spec[] = {
     {"kind", true, false}, {"status", true, false}, {"checkpoint", true, false}, {"since", true, false},
-    {"host", true, false}, {"commit", true, false}, {"limit", true, false},
+    {"host", true, false}, {"commit", true, false}, {"limit", true, false}, {"gpu", true, false},
 };
 
 static int db_runs(opts *o)
@@ -331,15 +331,15 @@ static int db_runs(opts *o)
     int rc = open_store(o, false, &db);
     if (rc) return rc;
     td_db_runs_filter f = {opt_get(o, "kind"), opt_get(o, "status"), opt_get(o, "checkpoint"), opt_get(o, "since"),
-                           opt_get(o, "host"), opt_get(o, "commit"), (int64_t)limit};
+                           opt_get(o, "host"), opt_get(o, "commit"), (int64_t)limit, opt_get(o, "gpu")};
     cJSON *res;
     td_err err;
     if (td_db_runs_list(db, &f, &res, &err) != TD_OK) return fail(o, db, &err);
     if (o->json) {
         print_json(res);
     } else if (cJSON_GetArraySize(res) == 0) {
-        printf("no runs in %s%s\n", td_db_path(db), f.kind || f.status || f.checkpoint || f.since || f.host || f.commit
-                                                        ? " match the filters" : "");
+        printf("no runs in %s%s\n", td_db_path(db),
+               f.kind || f.status || f.checkpoint || f.since || f.host || f.commit || f.gpu ? " match the filters" : "");
     } else {
         static const table_col cols[] = {
             {"ID", "id", CELL_NUM},           {"UID", "uid", CELL_UID},
@@ -881,13 +881,14 @@ static int db_info(opts *o)
 static const subcmd subcmds[] = {
     {"runs", db_runs, runs_spec, TD_ARRAY_LEN(runs_spec), 0, "list runs, newest first",
      "usage: tandem db runs [--kind KIND] [--status STATUS] [--checkpoint FP|PATH] [--since WHEN]\n"
-     "                      [--host HOST] [--commit PREFIX] [--limit N] [--json]\n\n"
+     "                      [--host HOST] [--commit PREFIX] [--gpu GPU] [--limit N] [--json]\n\n"
      "  --kind KIND        run kind, or a glob such as 'audit.*'\n"
      "  --status STATUS    running, ok, failed or aborted\n"
      "  --checkpoint X     checkpoint fingerprint prefix, or part of its path\n"
      "  --since WHEN       YYYY-MM-DD[THH:MM[:SS]] (UTC) or an age: 30m, 12h, 7d, 2w\n"
      "  --host HOST        runs of one host\n"
      "  --commit PREFIX    runs built from a git commit\n"
+     "  --gpu GPU          runs on a GPU of that name, or a glob such as 'NVIDIA H200*'\n"
      "  --limit N          at most N runs (default 50; 0: all)\n"},
     {"show", db_show, NULL, 0, 1, "everything about one run",
      "usage: tandem db show RUN [--json]\n\n"

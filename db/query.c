@@ -164,6 +164,7 @@ td_status td_db_runs_list(td_db *db, const td_db_runs_filter *f, cJSON **out, td
         "     OR instr(checkpoint_path, ?3) > 0) "
         "AND (?4 IS NULL OR started_at >= ?4) AND (?5 IS NULL OR host = ?5) "
         "AND (?6 IS NULL OR substr(git_commit, 1, length(?6)) = ?6) "
+        "AND (?8 IS NULL OR gpu_name GLOB ?8) "
         "ORDER BY started_at DESC, id DESC LIMIT ?7", &st, err);
     if (s != TD_OK) return s;
     td_db_bind_text(st, 1, f->kind);
@@ -172,6 +173,7 @@ td_status td_db_runs_list(td_db *db, const td_db_runs_filter *f, cJSON **out, td
     td_db_bind_text(st, 4, since[0] ? since : NULL);
     td_db_bind_text(st, 5, f->host);
     td_db_bind_text(st, 6, f->commit);
+    td_db_bind_text(st, 8, f->gpu);
     sqlite3_bind_int64(st, 7, f->limit > 0 ? f->limit : -1);
     cJSON *arr = cJSON_CreateArray();
     if (!arr) { sqlite3_finalize(st); return nomem(err); }

@@ -53,6 +53,7 @@ typedef struct td_db_runs_filter {
     const char *host;
     const char *commit;     /* git commit prefix */
     int64_t limit;          /* newest first; <= 0: no limit */
+    const char *gpu;        /* gpu_name, or a GLOB such as "NVIDIA H200*" */
 } td_db_runs_filter;
 
 /* Normalise a --since value to an ISO-8601 UTC prefix usable in comparisons. */

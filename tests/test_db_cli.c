@@ -152,6 +152,15 @@ static void cli_tables_and_json(void **state)
     assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 0), "gpu_name")->valuestring, "NVIDIA H200");
     cJSON_Delete(j);
     free(out);
+    assert_int_equal(run_db(&out, "--db %s runs --gpu 'NVIDIA H2*' --json", db), 0);
+    j = cJSON_Parse(out);
+    assert_non_null(j);
+    assert_int_equal(cJSON_GetArraySize(j), 1);
+    cJSON_Delete(j);
+    free(out);
+    assert_int_equal(run_db(&out, "--db %s runs --gpu 'NVIDIA A100'", db), 0);
+    assert_non_null(strstr(out, "match the filters"));
+    free(out);
     assert_int_equal(run_db(&out, "--db %s show latest", db), 0);
     assert_non_null(strstr(out, "binary_sha256"));
     assert_non_null(strstr(out, "layer comparisons"));

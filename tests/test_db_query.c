@@ -147,6 +147,19 @@ static void query_runs_filters_and_order(void **state)
     j = list(db, (td_db_runs_filter){.host = "no-such-host"});
     assert_int_equal(cJSON_GetArraySize(j), 0);
     cJSON_Delete(j);
+    /* by GPU: a name or a glob; runs that name none never match */
+    raw_exec(p, "UPDATE runs SET gpu_name = 'NVIDIA H200' WHERE id = 3;"
+                "UPDATE runs SET gpu_name = 'NVIDIA H100 80GB HBM3' WHERE id = 4;");
+    j = list(db, (td_db_runs_filter){.gpu = "NVIDIA H200"});
+    assert_int_equal(cJSON_GetArraySize(j), 1);
+    assert_int_equal(id_at(j, 0), 3);
+    cJSON_Delete(j);
+    j = list(db, (td_db_runs_filter){.gpu = "NVIDIA H*"});
+    assert_int_equal(cJSON_GetArraySize(j), 2);
+    cJSON_Delete(j);
+    j = list(db, (td_db_runs_filter){.gpu = "*A100*"});
+    assert_int_equal(cJSON_GetArraySize(j), 0);
+    cJSON_Delete(j);
     td_err err;
     td_db_runs_filter bad = {.status = "done"};
     assert_int_equal(td_db_runs_list(db, &bad, &j, &err), TD_ERR_ARG);
