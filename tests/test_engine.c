@@ -27,8 +27,8 @@
 #include "engine_test.h"
 #include "engine.h"
 #include "audit/engines.h"
-#include "db/db.h"
 #include "db/query.h"
+#include "db_fixture.h"
 #include "ref/engine_ref.h"
 #include "moe_fixture.h"
 #include "ref/moe.h"
@@ -700,14 +700,9 @@ static void engine_device_record(void **state)
      * empty fields left as they were */
     const char *path = td_test_path("engdev.db");
     remove(path);
-    td_db *db;
+    td_db *db = open_ok(path, TD_DB_CREATE);
+    const int64_t run = begin_run(db, "audit.layer");
     td_err err;
-    assert_int_equal(td_db_open(path, TD_DB_CREATE, &db, &err), TD_OK);
-    td_db_run_info info;
-    memset(&info, 0, sizeof info);
-    info.kind = "audit.layer";
-    int64_t run;
-    assert_int_equal(td_db_run_begin(db, &info, &run, &err), TD_OK);
     char buf[256];
     assert_int_equal(td_engine_device_record(db, run, d, &err), TD_OK);
     assert_null(run_str(db, run, "gpu_name", buf, sizeof buf));

@@ -75,15 +75,24 @@ struct chain_dev {
     int nph;
 };
 
-__global__ void k_bulk(const uint8_t *base, long long total, long long seg, int chunk, int stages, int work, unsigned *sink)
+extern __shared__ uint4 ring_sh[];
+
+/* This warp's ring: STAGES buffers of CHUNK bytes in the dynamic shared memory, their
+ * mbarriers (bars[warp][0..STAGES)) initialized. */
+__device__ uint8_t *warp_ring(uint64_t (*bars)[MAX_STAGES], int stages, int chunk)
 {
-    extern __shared__ uint4 ring_sh[];
-    __shared__ uint64_t bars[MAX_WARPS][MAX_STAGES];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
-    uint8_t *ring = reinterpret_cast<uint8_t *>(ring_sh) + (size_t)warp * stages * chunk;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane < stages) cu_mbar_init(&bars[warp][lane]);
     cu_mbar_init_fence();
     __syncwarp();
+    return reinterpret_cast<uint8_t *>(ring_sh) + (size_t)warp * stages * chunk;
+}
+
+__global__ void k_bulk(const uint8_t *base, long long total, long long seg, int chunk, int stages, int work, unsigned *sink)
+{
+    __shared__ uint64_t bars[MAX_WARPS][MAX_STAGES];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
+    uint8_t *ring = warp_ring(bars, stages, chunk);
     const long long nseg = total / seg, tw = (long long)nw * gridDim.x;
     const int cps = (int)(seg / chunk);
     long long s_iss = (long long)warp * gridDim.x + blockIdx.x; /* issue cursor: segment, chunk */
@@ -180,13 +189,9 @@ __device__ __forceinline__ int chain_reach(const chain_dev &cd, int p)
 
 __global__ void k_chain(const uint8_t *base, chain_dev cd, int chunk, int stages, unsigned *bar, unsigned *sink)
 {
-    extern __shared__ uint4 ring_sh[];
     __shared__ uint64_t bars[MAX_WARPS][MAX_STAGES];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
-    uint8_t *ring = reinterpret_cast<uint8_t *>(ring_sh) + (size_t)warp * stages * chunk;
-    if (lane < stages) cu_mbar_init(&bars[warp][lane]);
-    cu_mbar_init_fence();
-    __syncwarp();
+    uint8_t *ring = warp_ring(bars, stages, chunk);
     const long long tw = (long long)nw * gridDim.x, first = (long long)warp * gridDim.x + blockIdx.x;
     /* the issue cursor: phase, segment, chunk of this warp's next copy */
     int ip = 0, ic = 0;
