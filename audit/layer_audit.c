@@ -932,9 +932,9 @@ td_status td_layer_audit_run(const td_layer_audit_opts *o, const td_layer_sink *
     if (!st) td_progress_done(&prog);
     else if (td_progress_enabled(&prog)) fputc('\n', stderr);
     sum->seconds = now_s() - t0;
-    sum->device = A.device;
     audit_free(&A);
     if (st) td_layer_summary_free(sum);
+    sum->device = A.device; /* kept on failure too: the GPU the engines that loaded ran on */
     return st;
 }
 

@@ -62,7 +62,8 @@
  *   scale, route) and fills *sum (free with td_layer_summary_free). A row whose checks fail is
  *   a finding, not an error: the function still returns TD_OK. Errors (checkpoint, variants,
  *   engine failures other than the expected rejection, sink errors) stop the audit and name
- *   the variant, layer and row.
+ *   the variant, layer and row. On an error *sum holds only .device (the GPU of the engines
+ *   that loaded before it; empty: none), so that a failed run can still name its GPU.
  * - The row passed to the sink is valid during the call only.
  * - Single-threaded API (the engines use their own worker threads). No global state.
  */

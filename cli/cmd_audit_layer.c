@@ -500,6 +500,8 @@ int cmd_audit_layer(int argc, char **argv)
         cli_error("audit layer", err.msg);
         if (sc.db) {
             td_err e2;
+            /* a failed run still names the GPU of the engines that loaded (best effort) */
+            (void)td_engine_device_record(sc.db, sc.run, &sum.device, &e2);
             (void)td_db_run_end(sc.db, sc.run, TD_DB_RUN_FAILED, 2, err.msg, &e2);
         }
         td_layer_summary_free(&sum); /* the audit's own failure has freed it already */

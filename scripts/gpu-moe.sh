@@ -95,6 +95,10 @@
 #                 running beside it starts at once.
 #   SAN_LIMIT=S   (default 0: none) stop each sanitizer run after S seconds (timeout: rc 124),
 #                 so that the lines of a call limited in time end with a log each.
+#   PACK=1        (default 0) at the end, or when the script is stopped by TERM or INT (a
+#                 timeout), move OUT/logs into the one archive OUT/logs.tgz, for machines that
+#                 copy back only a few files; an archive already there is merged in first, so
+#                 that calls with the same OUT add to it.
 set -u
 out=$1; shift
 secs=${*:-tests bench audit sanitize sanitize_parts}
@@ -109,8 +113,15 @@ echo "cublas: $cublas" >> "$out/logs/gpu.txt"
 t() { local name=$1; shift; local t0=$(date +%s); "$@" > "$out/logs/$name.txt" 2>&1; local rc=$?;
       printf "%-28s rc=%d %ss\n" "$name" $rc $(( $(date +%s) - t0 )); }
 # s NAME CMD...: a compute-sanitizer run; at once with LANES=1, else queued for run_queue
-LANES=${LANES:-1}; SAN_MEM_GB=${SAN_MEM_GB:-50}; SAN_LIMIT=${SAN_LIMIT:-0}
+LANES=${LANES:-1}; SAN_MEM_GB=${SAN_MEM_GB:-50}; SAN_LIMIT=${SAN_LIMIT:-0}; PACK=${PACK:-0}
 case "$LANES$SAN_MEM_GB$SAN_LIMIT" in *[!0-9]*) echo "gpu-moe.sh: LANES, SAN_MEM_GB and SAN_LIMIT take whole numbers" >&2; exit 2;; esac
+case "$PACK" in 0|1) ;; *) echo "gpu-moe.sh: PACK takes 0 or 1" >&2; exit 2;; esac
+# pack: OUT/logs into OUT/logs.tgz (with PACK=1), an earlier archive's logs merged in first
+pack() { [ "$PACK" = 1 ] && [ -d "$out/logs" ] || return 0
+  [ -f "$out/logs.tgz" ] && tar xzf "$out/logs.tgz" -C "$out" --skip-old-files
+  tar czf "$out/logs.tgz.part" -C "$out" logs && mv "$out/logs.tgz.part" "$out/logs.tgz" && rm -rf "$out/logs"; }
+trap 'pack; exit 143' TERM
+trap 'pack; exit 130' INT
 # where MemAvailable is read (the host's; the script's tests name a file of their own)
 MEMINFO=${TD_MEMINFO:-/proc/meminfo}
 queue=()
@@ -392,3 +403,4 @@ profile)
     --print-source sass --csv $B/moe_decode --no-cublas --M 4 --iters 1 --sets 1 --act fp16 2>&1 | gzip > "$out/logs/sass_M4.csv.gz" ;;
 esac; done
 run_queue
+pack

@@ -4,7 +4,8 @@
  * compute-sanitizer lines: one at a time by default, queued and run in LANES lanes otherwise,
  * every line exactly once, a line starting beside others only while the host's available memory,
  * less what the running lines may still take (SAN_MEM_GB each, less its resident memory), leaves
- * SAN_MEM_GB for it, SAN_LIMIT cutting a line with rc 124, and bad settings refused. The stand-ins:
+ * SAN_MEM_GB for it, SAN_LIMIT cutting a line with rc 124, PACK=1 moving the logs into one
+ * archive (at the end, or when stopped), and bad settings refused. The stand-ins:
  * build/device/moe_decode (records its call and how many instances run at once) and
  * compute-sanitizer / nvidia-smi on PATH, in a scratch directory the script runs from.
  */
@@ -197,6 +198,33 @@ static void limit_cuts_a_line(void **state)
     free(out);
 }
 
+/* PACK=1: the logs end in one archive OUT/logs.tgz and OUT/logs is gone; a second call with the
+ * same OUT adds its logs to the archive; a call stopped by TERM (a timeout) still packs. */
+static void pack_moves_logs_into_one_archive(void **state)
+{
+    (void)state;
+    const char *dir = setup_tree("pack");
+    assert_int_equal(run_script(dir, "PACK=1", "sanitize_stage"), 0);
+    assert_int_equal(td_test_sh("test -s '%s/o/logs.tgz' && ! test -e '%s/o/logs'", dir, dir), 0);
+    assert_int_equal(td_test_sh("tar tzf '%s/o/logs.tgz' | grep -qx logs/racecheck_stage_bf16.txt", dir), 0);
+    assert_int_equal(run_script(dir, "PACK=1", "sanitize_narrow"), 0);
+    assert_int_equal(td_test_sh("tar tzf '%s/o/logs.tgz' > '%s/list' && grep -qx logs/racecheck_stage_bf16.txt '%s/list' "
+                                "&& grep -qx logs/racecheck_narrow.txt '%s/list' && ! test -e '%s/o/logs'",
+                                dir, dir, dir, dir, dir),
+                     0);
+    /* stopped after 1 s while a 3-s line runs: exit 143, the logs written so far packed */
+    const char *d2 = setup_tree("pack_term");
+    assert_int_equal(td_test_sh("cd '%s' && env PATH='%s/bin':\"$PATH\" PACK=1 STUB_SLEEP=3 timeout -s TERM 1 "
+                                "bash '%s/scripts/gpu-moe.sh' '%s/o' sanitize_stage > '%s/stdout' 2>&1",
+                                d2, d2, g_repo, d2, d2),
+                     124);
+    assert_int_equal(td_test_sh("tar tzf '%s/o/logs.tgz' | grep -qx logs/gpu.txt && ! test -e '%s/o/logs'", d2, d2), 0);
+    /* without PACK the logs stay where they are */
+    const char *d3 = setup_tree("nopack");
+    assert_int_equal(run_script(d3, "", "sanitize_stage"), 0);
+    assert_int_equal(td_test_sh("test -d '%s/o/logs' && ! test -e '%s/o/logs.tgz'", d3, d3), 0);
+}
+
 static void bad_settings_refused(void **state)
 {
     (void)state;
@@ -206,6 +234,10 @@ static void bad_settings_refused(void **state)
     assert_non_null(strstr(err, "LANES, SAN_MEM_GB and SAN_LIMIT take whole numbers"));
     free(err);
     assert_int_equal(run_script(dir, "SAN_LIMIT=-5", "sanitize_stage"), 2);
+    assert_int_equal(run_script(dir, "PACK=yes", "sanitize_stage"), 2);
+    err = slurp_in(dir, "stderr");
+    assert_non_null(strstr(err, "PACK takes 0 or 1"));
+    free(err);
     char p[2304];
     snprintf(p, sizeof p, "%s/calls", dir);
     struct stat st;
@@ -221,6 +253,7 @@ int main(void)
         cmocka_unit_test(lanes_keep_room_for_running_lines),
         cmocka_unit_test(lanes_run_every_line_once),
         cmocka_unit_test(limit_cuts_a_line),
+        cmocka_unit_test(pack_moves_logs_into_one_archive),
         cmocka_unit_test(bad_settings_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -410,7 +410,10 @@ int main(int argc, char **argv)
         /* one launch for the MoE block's reads at M = 1 and 4 (132 blocks of 16 warps, rings of
          * 4 chunks of 3.2 KB): W13 then W2 streamed on, behind a barrier, behind a barrier with
          * W2's first chunks early; then the router's 2.6 MB (820 segments of 3.2 KB) before
-         * them behind a dependent barrier (the routing) */
+         * them behind a dependent barrier (the routing). Row tiles of W13 (25.6 KB) leave most of
+         * the 2,112 warps without a W13 segment at M = 1 (800 segments): the same chains with W13
+         * dealt in quarter row tiles of 6.4 KB (a split of K over four warps, as W2's), and at M = 4
+         * on the decode kernel's 396 blocks of 8 warps with rings of 2 */
         const char *dc[] = {
             "chain_m1_w13,w2:132:16:4:3200:20480000@25600,10240000@6400",
             "chain_m1_w13/w2:132:16:4:3200:20480000@25600/10240000@6400",
@@ -418,6 +421,11 @@ int main(int argc, char **argv)
             "chain_m1_r/w13+w2:132:16:4:3200:2624000@3200/20480000@25600+10240000@6400",
             "chain_m4_w13+w2:132:16:4:3200:77824000@25600+38912000@6400",
             "chain_m4_r/w13+w2:132:16:4:3200:2624000@3200/77824000@25600+38912000@6400",
+            "chain_m1_w13q,w2:132:16:4:3200:20480000@6400,10240000@6400",
+            "chain_m1_w13q+w2:132:16:4:3200:20480000@6400+10240000@6400",
+            "chain_m1_r/w13q+w2:132:16:4:3200:2624000@3200/20480000@6400+10240000@6400",
+            "chain_m4_r/w13q+w2:132:16:4:3200:2624000@3200/77824000@6400+38912000@6400",
+            "chain_m4_r/w13q+w2_g396:396:8:2:3200:2624000@3200/77824000@6400+38912000@6400",
         };
         for (const char *t : dc) {
             cfg c;

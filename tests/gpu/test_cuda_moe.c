@@ -70,6 +70,7 @@
 #include "formats.h"
 #include "ref/moe.h"
 #include "audit/routes.h"
+#include "audit/layer_audit.h"
 
 #include <math.h>
 #include <time.h>
@@ -493,6 +494,35 @@ static void cuda_raw_admission(void **state)
             assert_non_null(strstr(err.msg, at));
         }
         td_engine *e = td_test_engine(dir, "cuda:act_dtype=fp16");
+        /* an audit stopped by the refusal still names the GPU of the engine that loaded first */
+        static const int64_t zero[] = {0}, one[] = {1};
+        static const double scale[] = {0.1};
+        static const td_route_kind route[] = {TD_ROUTE_ROUTER};
+        td_layer_pair pair;
+        td_err err;
+        assert_int_equal(td_layer_pair_parse("cuda:act_dtype=fp16,cuda:storage=raw,act_dtype=fp16", &pair, &err), TD_OK);
+        td_layer_audit_opts ao;
+        td_layer_audit_opts_init(&ao);
+        ao.model = dir;
+        ao.layers = ao.ranks = zero;
+        ao.n_layers = ao.n_ranks = 1;
+        ao.tokens = one;
+        ao.n_tokens = 1;
+        ao.scales = scale;
+        ao.n_scales = 1;
+        ao.routes = route;
+        ao.n_routes = 1;
+        ao.pairs = &pair;
+        ao.n_pairs = 1;
+        td_layer_summary sum;
+        memset(&sum, 0x5a, sizeof sum);
+        assert_int_equal(td_layer_audit_run(&ao, NULL, &sum, &err), TD_ERR_RANGE);
+        assert_non_null(strstr(err.msg, bad[i].reason));
+        assert_string_equal(sum.device.gpu_name, td_engine_device_info(e)->gpu_name);
+        assert_string_equal(sum.device.gpu_driver, td_engine_device_info(e)->gpu_driver);
+        assert_null(sum.groups);
+        assert_int_equal(sum.checks, 0);
+        td_layer_summary_free(&sum);
         td_engine_free(e);
         mf_free(&m);
     }
