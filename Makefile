@@ -8,6 +8,7 @@
 #   make gpu             build cuda/ with nvcc (when nvcc exists) into build/gpu/
 #   make gpu TIMELINE=1  the same with the block's kernels stamping a timeline (build/gpu-tl/)
 #   make device-bundle   build/device/: the CUDA binaries plus the libraries the GPU machine lacks
+#                        (COMPACT=1: the binaries stripped and compressed, NAME.xz)
 #   make gpu-test        build and run tests/gpu (they skip with a message without a GPU)
 #   make install PREFIX=/usr/local
 #   make clean
@@ -305,7 +306,7 @@ $(GPU_OUT)/bench/%: $(GPU_OUT)/bench/%.o $(GPU_LIB_OBJ) $(CUDA_OBJ)
 	$(Q)$(CC) $(LDFLAGS_ALL) $(GPU_RPATH) -o $@ $< $(GPU_LIB_OBJ) $(CUDA_OBJ) $(LDLIBS_ALL) $(GPU_LDLIBS) -ldl
 
 device-bundle: gpu
-	@scripts/device-bundle.sh $(DEVICE_DIR) "$(DEVICE_LIBS)" $(GPU_TANDEM) $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
+	@COMPACT=$(or $(COMPACT),0) scripts/device-bundle.sh $(DEVICE_DIR) "$(DEVICE_LIBS)" $(GPU_TANDEM) $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
 
 gpu-test: gpu
 	@mkdir -p $(GPU_OUT)/tmp

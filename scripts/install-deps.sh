@@ -9,7 +9,7 @@
 #   scripts/install-deps.sh --check    exit 1 (listing them) if anything is missing
 set -euo pipefail
 
-PKGS=(libsqlite3-dev libcjson-dev libcmocka-dev pkg-config clang libclang-rt-dev make gcc procps)
+PKGS=(libsqlite3-dev libcjson-dev libcmocka-dev pkg-config clang libclang-rt-dev make gcc procps xz-utils binutils)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,11 +1,13 @@
-/* test_gpu_moe_script.c — scripts/gpu-moe.sh's sanitizer lines, run here with stand-ins.
+/* test_gpu_moe_script.c — scripts/gpu-moe.sh's sanitizer lines, run here with stand-ins, and
+ * scripts/device-bundle.sh.
  *
  * The script runs on the GPU machine; what can be checked without one is its scheduling of the
  * compute-sanitizer lines: one at a time by default, queued and run in LANES lanes otherwise,
  * every line exactly once, a line starting beside others only while the host's available memory,
  * less what the running lines may still take (SAN_MEM_GB each, less its resident memory), leaves
  * SAN_MEM_GB for it, SAN_LIMIT cutting a line with rc 124, PACK=1 moving the logs into one
- * archive (at the end, or when stopped), and bad settings refused. The stand-ins:
+ * archive (at the end, or when stopped), a compact bundle's NAME.xz decompressed first, and bad
+ * settings refused; and scripts/device-bundle.sh with and without COMPACT=1. The stand-ins:
  * build/device/moe_decode (records its call and how many instances run at once) and
  * compute-sanitizer / nvidia-smi on PATH, in a scratch directory the script runs from.
  */
@@ -225,6 +227,55 @@ static void pack_moves_logs_into_one_archive(void **state)
     assert_int_equal(td_test_sh("test -d '%s/o/logs' && ! test -e '%s/o/logs.tgz'", d3, d3), 0);
 }
 
+/* A bundle made with COMPACT=1 carries NAME.xz: the script decompresses it before its sections. */
+static void compact_bundle_decompressed(void **state)
+{
+    (void)state;
+    const char *dir = setup_tree("compact");
+    assert_int_equal(td_test_sh("xz -9 '%s/build/device/moe_decode'", dir), 0);
+    assert_int_equal(td_test_sh("test -f '%s/build/device/moe_decode.xz' && ! test -e '%s/build/device/moe_decode'",
+                                dir, dir),
+                     0);
+    assert_int_equal(run_script(dir, "", "sanitize_stage"), 0);
+    char *calls = slurp_in(dir, "calls");
+    assert_int_equal(count_lines(calls, "--M"), 4);
+    free(calls);
+    assert_int_equal(td_test_sh("test -x '%s/build/device/moe_decode' && ! test -e '%s/build/device/moe_decode.xz'",
+                                dir, dir),
+                     0);
+    /* an archive that is not one: refused before any section */
+    const char *d2 = setup_tree("compact_bad");
+    assert_int_equal(td_test_sh("echo not-xz > '%s/build/device/tandem.xz'", d2), 0);
+    assert_int_equal(run_script(d2, "", "sanitize_stage"), 2);
+    char *err = slurp_in(d2, "stderr");
+    assert_non_null(strstr(err, "cannot decompress"));
+    free(err);
+    char p[2304];
+    snprintf(p, sizeof p, "%s/calls", d2);
+    struct stat st;
+    assert_int_not_equal(stat(p, &st), 0);
+}
+
+/* scripts/device-bundle.sh: the binaries as they are, or with COMPACT=1 stripped and compressed
+ * to NAME.xz (which decompresses to a binary that runs); COMPACT other than 0 or 1 refused. */
+static void device_bundle_compact(void **state)
+{
+    (void)state;
+    const char *dir = setup_tree("bundle");
+    assert_int_equal(td_test_sh("cp /bin/true '%s/true' && cd '%s' && '%s/scripts/device-bundle.sh' plain '' '%s/true' "
+                                "> log 2>&1 && cmp plain/true /bin/true",
+                                dir, dir, g_repo, dir),
+                     0);
+    assert_int_equal(td_test_sh("cd '%s' && COMPACT=1 '%s/scripts/device-bundle.sh' small '' '%s/true' > log 2>&1 "
+                                "&& ! test -e small/true && xz -dc small/true.xz > t && chmod +x t && ./t "
+                                "&& test $(stat -c %%s small/true.xz) -lt $(stat -c %%s /bin/true)",
+                                dir, g_repo, dir),
+                     0);
+    assert_int_equal(td_test_sh("cd '%s' && COMPACT=yes '%s/scripts/device-bundle.sh' bad '' '%s/true' > log 2>&1",
+                                dir, g_repo, dir),
+                     2);
+}
+
 static void bad_settings_refused(void **state)
 {
     (void)state;
@@ -254,6 +305,8 @@ int main(void)
         cmocka_unit_test(lanes_run_every_line_once),
         cmocka_unit_test(limit_cuts_a_line),
         cmocka_unit_test(pack_moves_logs_into_one_archive),
+        cmocka_unit_test(compact_bundle_decompressed),
+        cmocka_unit_test(device_bundle_compact),
         cmocka_unit_test(bad_settings_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
