@@ -413,7 +413,10 @@ int main(int argc, char **argv)
          * them behind a dependent barrier (the routing). Row tiles of W13 (25.6 KB) leave most of
          * the 2,112 warps without a W13 segment at M = 1 (800 segments): the same chains with W13
          * dealt in quarter row tiles of 6.4 KB (a split of K over four warps, as W2's), and at M = 4
-         * on the decode kernel's 396 blocks of 8 warps with rings of 2 */
+         * on the decode kernel's 396 blocks of 8 warps with rings of 2; and every byte of the
+         * block at decode sizes (the _block chains): the router, the dependent barrier, the routed
+         * W13 with the shared expert's W13 (6.55 MB of BF16) streamed after it, then W2 with the
+         * shared W2 (3.28 MB) behind a barrier with its first chunks early */
         const char *dc[] = {
             "chain_m1_w13,w2:132:16:4:3200:20480000@25600,10240000@6400",
             "chain_m1_w13/w2:132:16:4:3200:20480000@25600/10240000@6400",
@@ -426,6 +429,8 @@ int main(int argc, char **argv)
             "chain_m1_r/w13q+w2:132:16:4:3200:2624000@3200/20480000@6400+10240000@6400",
             "chain_m4_r/w13q+w2:132:16:4:3200:2624000@3200/77824000@6400+38912000@6400",
             "chain_m4_r/w13q+w2_g396:396:8:2:3200:2624000@3200/77824000@6400+38912000@6400",
+            "chain_m1_block:132:16:4:3200:2624000@3200/20480000@6400,6553600@3200+13516800@6400",
+            "chain_m4_block:132:16:4:3200:2624000@3200/77824000@6400,6553600@3200+42188800@6400",
         };
         for (const char *t : dc) {
             cfg c;
