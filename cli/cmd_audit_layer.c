@@ -495,13 +495,20 @@ int cmd_audit_layer(int argc, char **argv)
     td_layer_sink sink = {&sc, on_row};
     td_layer_summary sum;
     st = td_layer_audit_run(&o, &sink, &sum, &err);
-    if (!st && sc.db) st = td_engine_device_record(sc.db, sc.run, &sum.device, &err);
+    if (sc.db) {
+        /* the GPU of the engines that loaded, a failed run's too (there a failure to record it
+         * does not replace the audit's own error) */
+        td_err e2;
+        const td_status ds = td_engine_device_record(sc.db, sc.run, &sum.device, &e2);
+        if (!st && ds) {
+            st = ds;
+            err = e2;
+        }
+    }
     if (st) {
         cli_error("audit layer", err.msg);
         if (sc.db) {
             td_err e2;
-            /* a failed run still names the GPU of the engines that loaded (best effort) */
-            (void)td_engine_device_record(sc.db, sc.run, &sum.device, &e2);
             (void)td_db_run_end(sc.db, sc.run, TD_DB_RUN_FAILED, 2, err.msg, &e2);
         }
         td_layer_summary_free(&sum); /* the audit's own failure has freed it already */

@@ -103,11 +103,6 @@ set -u
 out=$1; shift
 secs=${*:-tests bench audit sanitize sanitize_parts}
 B=$PWD/build/device
-# a bundle made with COMPACT=1 (scripts/device-bundle.sh) carries its binaries as NAME.xz
-for z in "$B"/*.xz; do
-  [ -e "$z" ] || continue
-  xz -d -f "$z" || { echo "gpu-moe.sh: cannot decompress $z" >&2; exit 2; }
-done
 mkdir -p "$out/logs"
 export TD_TEST_TMP=/tmp/tdt; mkdir -p $TD_TEST_TMP
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/logs/gpu.txt" 2>&1
@@ -127,6 +122,11 @@ pack() { [ "$PACK" = 1 ] && [ -d "$out/logs" ] || return 0
   tar czf "$out/logs.tgz.part" -C "$out" logs && mv "$out/logs.tgz.part" "$out/logs.tgz" && rm -rf "$out/logs"; }
 trap 'pack; exit 143' TERM
 trap 'pack; exit 130' INT
+# a bundle made with COMPACT=1 (scripts/device-bundle.sh) carries its binaries as NAME.xz
+for z in "$B"/*.xz; do
+  [ -e "$z" ] || continue
+  xz -d -f "$z" || { echo "gpu-moe.sh: cannot decompress $z" >&2; exit 2; }
+done
 # where MemAvailable is read (the host's; the script's tests name a file of their own)
 MEMINFO=${TD_MEMINFO:-/proc/meminfo}
 queue=()
