@@ -95,6 +95,9 @@
 #                 running beside it starts at once.
 #   SAN_LIMIT=S   (default 0: none) stop each sanitizer run after S seconds (timeout: rc 124),
 #                 so that the lines of a call limited in time end with a log each.
+#   SAN_ONLY=A,B  (default: every line) run only the sanitizer lines of these names (the names
+#                 the lines print) within the chosen sections, e.g. to run again the lines a call
+#                 cut; a name that no chosen section has is an error (exit 2, after the rest ran).
 #   PACK=1        (default 0) at the end, or when the script is stopped by TERM or INT (a
 #                 timeout), move OUT/logs into the one archive OUT/logs.tgz, for machines that
 #                 copy back only a few files; an archive already there is merged in first, so
@@ -116,6 +119,9 @@ t() { local name=$1; shift; local t0=$(date +%s); "$@" > "$out/logs/$name.txt" 2
 LANES=${LANES:-1}; SAN_MEM_GB=${SAN_MEM_GB:-50}; SAN_LIMIT=${SAN_LIMIT:-0}; PACK=${PACK:-0}
 case "$LANES$SAN_MEM_GB$SAN_LIMIT" in *[!0-9]*) echo "gpu-moe.sh: LANES, SAN_MEM_GB and SAN_LIMIT take whole numbers" >&2; exit 2;; esac
 case "$PACK" in 0|1) ;; *) echo "gpu-moe.sh: PACK takes 0 or 1" >&2; exit 2;; esac
+SAN_ONLY=${SAN_ONLY:-}
+case "$SAN_ONLY" in *[!a-z0-9_,]*) echo "gpu-moe.sh: SAN_ONLY takes line names (a-z, 0-9, _) separated by commas" >&2; exit 2;; esac
+san_seen=,
 # pack: OUT/logs into OUT/logs.tgz (with PACK=1), an earlier archive's logs merged in first
 pack() { [ "$PACK" = 1 ] && [ -d "$out/logs" ] || return 0
   [ -f "$out/logs.tgz" ] && tar xzf "$out/logs.tgz" -C "$out" --skip-old-files
@@ -138,7 +144,8 @@ st() { local name=$1; shift; local t0=$(date +%s) pre=()
   local sum=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$out/logs/$name.txt" | tail -1 | sed 's/^=* *//')
   [ $rc -eq 124 ] && [ "$SAN_LIMIT" -gt 0 ] && sum="cut at SAN_LIMIT=${SAN_LIMIT}s, no summary"
   printf "%-28s rc=%d %ss %s %s\n" "$name" $rc $(( $(date +%s) - t0 )) "$rss" "$sum"; }
-s() { if [ "$LANES" -le 1 ]; then st "$@"; else queue+=("$(printf '%q ' "$@")"); fi; }
+s() { if [ -n "$SAN_ONLY" ]; then case ",$SAN_ONLY," in *",$1,"*) san_seen="$san_seen$1,";; *) return 0;; esac; fi
+      if [ "$LANES" -le 1 ]; then st "$@"; else queue+=("$(printf '%q ' "$@")"); fi; }
 # room RUN: whether a line may start beside those marked in RUN (a file per running line holding
 # its subshell's pid, empty until the subshell has written it): MemAvailable less what each may
 # still take (SAN_MEM_GB less its process tree's resident memory now; all of SAN_MEM_GB while its
@@ -409,3 +416,7 @@ profile)
 esac; done
 run_queue
 pack
+# SAN_ONLY: every name must have been a line of the chosen sections
+missing=
+for n in ${SAN_ONLY//,/ }; do case "$san_seen" in *",$n,"*) ;; *) missing="$missing $n";; esac; done
+[ -z "$missing" ] || { echo "gpu-moe.sh: SAN_ONLY names no line of the sections run:$missing" >&2; exit 2; }

@@ -6,7 +6,7 @@
  * every line exactly once, a line starting beside others only while the host's available memory,
  * less what the running lines may still take (SAN_MEM_GB each, less its resident memory), leaves
  * SAN_MEM_GB for it, SAN_LIMIT cutting a line with rc 124, PACK=1 moving the logs into one
- * archive (at the end, or when stopped), a compact bundle's NAME.xz decompressed first, and bad
+ * archive (at the end, or when stopped), SAN_ONLY choosing lines by name, a compact bundle's NAME.xz decompressed first, and bad
  * settings refused; and scripts/device-bundle.sh with and without COMPACT=1. The stand-ins:
  * build/device/moe_decode (records its call and how many instances run at once) and
  * compute-sanitizer / nvidia-smi on PATH, in a scratch directory the script runs from.
@@ -276,6 +276,49 @@ static void device_bundle_compact(void **state)
                      2);
 }
 
+/* SAN_ONLY: only the named lines run (in lanes too); a name no chosen section has is an error
+ * after the rest ran; a malformed list is refused before anything runs. */
+static void only_named_lines_run(void **state)
+{
+    (void)state;
+    const char *dir = setup_tree("only");
+    assert_int_equal(run_script(dir, "SAN_ONLY=racecheck_stage_bf16,memcheck_stage", "sanitize_stage"), 0);
+    char *out = slurp_in(dir, "stdout");
+    assert_int_equal(count_lines(out, "racecheck_stage_bf16 "), 1);
+    assert_int_equal(count_lines(out, "memcheck_stage "), 1);
+    assert_int_equal(count_lines(out, "racecheck_stage "), 0);
+    assert_int_equal(count_lines(out, "memcheck_stage_bf16 "), 0);
+    assert_int_equal(count_lines(out, "rc=0"), 2);
+    free(out);
+    char *calls = slurp_in(dir, "calls");
+    assert_int_equal(count_lines(calls, "--M"), 2);
+    free(calls);
+    const char *d2 = setup_tree("only_lanes");
+    assert_int_equal(run_script(d2, "LANES=2 SAN_MEM_GB=0 SAN_ONLY=racecheck_stage", "sanitize_stage"), 0);
+    out = slurp_in(d2, "stdout");
+    assert_non_null(strstr(out, "sanitizer lines: 1 in 2 lanes"));
+    assert_int_equal(count_lines(out, "racecheck_stage "), 1);
+    free(out);
+    /* a name of another section: the named line that is there still ran, then exit 2 */
+    const char *d3 = setup_tree("only_missing");
+    assert_int_equal(run_script(d3, "SAN_ONLY=racecheck_stage,racecheck_narrow", "sanitize_stage"), 2);
+    char *err = slurp_in(d3, "stderr");
+    assert_non_null(strstr(err, "SAN_ONLY names no line of the sections run: racecheck_narrow"));
+    free(err);
+    calls = slurp_in(d3, "calls");
+    assert_int_equal(count_lines(calls, "--M"), 1);
+    free(calls);
+    const char *d4 = setup_tree("only_bad");
+    assert_int_equal(run_script(d4, "SAN_ONLY='racecheck stage'", "sanitize_stage"), 2);
+    err = slurp_in(d4, "stderr");
+    assert_non_null(strstr(err, "SAN_ONLY takes line names"));
+    free(err);
+    char p[2304];
+    snprintf(p, sizeof p, "%s/calls", d4);
+    struct stat st;
+    assert_int_not_equal(stat(p, &st), 0);
+}
+
 static void bad_settings_refused(void **state)
 {
     (void)state;
@@ -307,6 +350,7 @@ int main(void)
         cmocka_unit_test(pack_moves_logs_into_one_archive),
         cmocka_unit_test(compact_bundle_decompressed),
         cmocka_unit_test(device_bundle_compact),
+        cmocka_unit_test(only_named_lines_run),
         cmocka_unit_test(bad_settings_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
