@@ -6,10 +6,11 @@
  * every line exactly once, a line starting beside others only while the host's available memory,
  * less what the running lines may still take (SAN_MEM_GB each, less its resident memory), leaves
  * SAN_MEM_GB for it, SAN_LIMIT cutting a line with rc 124, PACK=1 moving the logs into one
- * archive (at the end, or when stopped), SAN_ONLY choosing lines by name, a compact bundle's NAME.xz decompressed first, and bad
- * settings refused; and scripts/device-bundle.sh with and without COMPACT=1. The stand-ins:
- * build/device/moe_decode (records its call and how many instances run at once) and
- * compute-sanitizer / nvidia-smi on PATH, in a scratch directory the script runs from.
+ * archive (at the end, or when stopped), SAN_ONLY choosing lines by name, a compact bundle's
+ * NAME.xz decompressed first, and bad settings refused; and scripts/device-bundle.sh with and
+ * without COMPACT=1. The stand-ins: build/device/moe_decode (records its call and how many
+ * instances run at once) and compute-sanitizer / nvidia-smi on PATH, in a scratch directory the
+ * script runs from.
  */
 #include "test_common.h"
 
