@@ -116,11 +116,13 @@ echo "cublas: $cublas" >> "$out/logs/gpu.txt"
 t() { local name=$1; shift; local t0=$(date +%s); "$@" > "$out/logs/$name.txt" 2>&1; local rc=$?;
       printf "%-28s rc=%d %ss\n" "$name" $rc $(( $(date +%s) - t0 )); }
 # s NAME CMD...: a compute-sanitizer run; at once with LANES=1, else queued for run_queue
+# die MESSAGE: a bad setting or bundle, before or after the sections: stderr, exit 2
+die() { echo "gpu-moe.sh: $*" >&2; exit 2; }
 LANES=${LANES:-1}; SAN_MEM_GB=${SAN_MEM_GB:-50}; SAN_LIMIT=${SAN_LIMIT:-0}; PACK=${PACK:-0}
-case "$LANES$SAN_MEM_GB$SAN_LIMIT" in *[!0-9]*) echo "gpu-moe.sh: LANES, SAN_MEM_GB and SAN_LIMIT take whole numbers" >&2; exit 2;; esac
-case "$PACK" in 0|1) ;; *) echo "gpu-moe.sh: PACK takes 0 or 1" >&2; exit 2;; esac
+case "$LANES$SAN_MEM_GB$SAN_LIMIT" in *[!0-9]*) die "LANES, SAN_MEM_GB and SAN_LIMIT take whole numbers";; esac
+case "$PACK" in 0|1) ;; *) die "PACK takes 0 or 1";; esac
 SAN_ONLY=${SAN_ONLY:-}
-case "$SAN_ONLY" in *[!a-z0-9_,]*) echo "gpu-moe.sh: SAN_ONLY takes line names (a-z, 0-9, _) separated by commas" >&2; exit 2;; esac
+case "$SAN_ONLY" in *[!a-z0-9_,]*) die "SAN_ONLY takes line names (a-z, 0-9, _) separated by commas";; esac
 san_seen=,
 # pack: OUT/logs into OUT/logs.tgz (with PACK=1), an earlier archive's logs merged in first
 pack() { [ "$PACK" = 1 ] && [ -d "$out/logs" ] || return 0
@@ -131,7 +133,7 @@ trap 'pack; exit 130' INT
 # a bundle made with COMPACT=1 (scripts/device-bundle.sh) carries its binaries as NAME.xz
 for z in "$B"/*.xz; do
   [ -e "$z" ] || continue
-  xz -d -f "$z" || { echo "gpu-moe.sh: cannot decompress $z" >&2; exit 2; }
+  xz -d -f "$z" || die "cannot decompress $z"
 done
 # where MemAvailable is read (the host's; the script's tests name a file of their own)
 MEMINFO=${TD_MEMINFO:-/proc/meminfo}
@@ -419,4 +421,4 @@ pack
 # SAN_ONLY: every name must have been a line of the chosen sections
 missing=
 for n in ${SAN_ONLY//,/ }; do case "$san_seen" in *",$n,"*) ;; *) missing="$missing $n";; esac; done
-[ -z "$missing" ] || { echo "gpu-moe.sh: SAN_ONLY names no line of the sections run:$missing" >&2; exit 2; }
+[ -z "$missing" ] || die "SAN_ONLY names no line of the sections run:$missing"

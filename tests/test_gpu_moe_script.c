@@ -93,6 +93,20 @@ static char *slurp_in(const char *dir, const char *name)
     return s;
 }
 
+/* The script run in `dir` with `env` on sanitize_stage exits 2 with `why` on stderr before any
+ * line ran (no stand-in call recorded). */
+static void refused_before_any_line(const char *dir, const char *env, const char *why)
+{
+    assert_int_equal(run_script(dir, env, "sanitize_stage"), 2);
+    char *err = slurp_in(dir, "stderr");
+    assert_non_null(strstr(err, why));
+    free(err);
+    char p[2304];
+    snprintf(p, sizeof p, "%s/calls", dir);
+    struct stat st;
+    assert_int_not_equal(stat(p, &st), 0);
+}
+
 static int max_conc(const char *dir)
 {
     char *s = slurp_in(dir, "conc");
@@ -247,14 +261,7 @@ static void compact_bundle_decompressed(void **state)
     /* an archive that is not one: refused before any section */
     const char *d2 = setup_tree("compact_bad");
     assert_int_equal(td_test_sh("echo not-xz > '%s/build/device/tandem.xz'", d2), 0);
-    assert_int_equal(run_script(d2, "", "sanitize_stage"), 2);
-    char *err = slurp_in(d2, "stderr");
-    assert_non_null(strstr(err, "cannot decompress"));
-    free(err);
-    char p[2304];
-    snprintf(p, sizeof p, "%s/calls", d2);
-    struct stat st;
-    assert_int_not_equal(stat(p, &st), 0);
+    refused_before_any_line(d2, "", "cannot decompress");
 }
 
 /* scripts/device-bundle.sh: the binaries as they are, or with COMPACT=1 stripped and compressed
@@ -309,34 +316,16 @@ static void only_named_lines_run(void **state)
     calls = slurp_in(d3, "calls");
     assert_int_equal(count_lines(calls, "--M"), 1);
     free(calls);
-    const char *d4 = setup_tree("only_bad");
-    assert_int_equal(run_script(d4, "SAN_ONLY='racecheck stage'", "sanitize_stage"), 2);
-    err = slurp_in(d4, "stderr");
-    assert_non_null(strstr(err, "SAN_ONLY takes line names"));
-    free(err);
-    char p[2304];
-    snprintf(p, sizeof p, "%s/calls", d4);
-    struct stat st;
-    assert_int_not_equal(stat(p, &st), 0);
+    refused_before_any_line(setup_tree("only_bad"), "SAN_ONLY='racecheck stage'", "SAN_ONLY takes line names");
 }
 
 static void bad_settings_refused(void **state)
 {
     (void)state;
     const char *dir = setup_tree("bad");
-    assert_int_equal(run_script(dir, "LANES=three", "sanitize_stage"), 2);
-    char *err = slurp_in(dir, "stderr");
-    assert_non_null(strstr(err, "LANES, SAN_MEM_GB and SAN_LIMIT take whole numbers"));
-    free(err);
-    assert_int_equal(run_script(dir, "SAN_LIMIT=-5", "sanitize_stage"), 2);
-    assert_int_equal(run_script(dir, "PACK=yes", "sanitize_stage"), 2);
-    err = slurp_in(dir, "stderr");
-    assert_non_null(strstr(err, "PACK takes 0 or 1"));
-    free(err);
-    char p[2304];
-    snprintf(p, sizeof p, "%s/calls", dir);
-    struct stat st;
-    assert_int_not_equal(stat(p, &st), 0); /* nothing ran */
+    refused_before_any_line(dir, "LANES=three", "LANES, SAN_MEM_GB and SAN_LIMIT take whole numbers");
+    refused_before_any_line(dir, "SAN_LIMIT=-5", "LANES, SAN_MEM_GB and SAN_LIMIT take whole numbers");
+    refused_before_any_line(dir, "PACK=yes", "PACK takes 0 or 1");
 }
 
 int main(void)
