@@ -71,7 +71,8 @@ enum { SYNC_NONE = 0, SYNC_DEP = 1, SYNC_EARLY = 2 };
 
 struct chain_dev {
     long long off[MAX_PHASES], total[MAX_PHASES], seg[MAX_PHASES];
-    int sync[MAX_PHASES]; /* sync[0] unused */
+    int nseg[MAX_PHASES], cps[MAX_PHASES]; /* segments of the phase, chunks per segment (set by check_chain) */
+    int sync[MAX_PHASES];                  /* sync[0] unused */
     int nph;
 };
 
@@ -187,35 +188,40 @@ __device__ __forceinline__ int chain_reach(const chain_dev &cd, int p)
     return p;
 }
 
-__global__ void k_chain(const uint8_t *base, chain_dev cd, int chunk, int stages, unsigned *bar, unsigned *sink)
+/* The chain's table is copied into shared memory first (indexed by the phase at run time, it
+ * would otherwise sit in a local-memory copy of the parameter), and every per-chunk step is
+ * 32-bit integer adds: the segment and chunk counts per phase come from the host, the ring slot
+ * is a counter, no division runs per chunk (the decode kernel's own bookkeeping is as cheap). */
+__global__ void k_chain(const uint8_t *base, chain_dev cd_param, int chunk, int stages, unsigned *bar, unsigned *sink)
 {
     __shared__ uint64_t bars[MAX_WARPS][MAX_STAGES];
+    __shared__ chain_dev cd;
+    if (threadIdx.x == 0) cd = cd_param;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
     uint8_t *ring = warp_ring(bars, stages, chunk);
-    const long long tw = (long long)nw * gridDim.x, first = (long long)warp * gridDim.x + blockIdx.x;
-    /* the issue cursor: phase, segment, chunk of this warp's next copy */
-    int ip = 0, ic = 0;
-    long long is = first;
+    __syncthreads();
+    const int tw = nw * (int)gridDim.x, first = warp * (int)gridDim.x + (int)blockIdx.x;
+    /* the issue cursor: phase, segment, chunk of this warp's next copy, and its ring slot */
+    int ip = 0, is = first, ic = 0, islot = 0;
     auto settle = [&]() { /* past the phases in which this warp has no segment left */
-        while (ip < cd.nph && is >= cd.total[ip] / cd.seg[ip]) {
+        while (ip < cd.nph && is >= cd.nseg[ip]) {
             ip++;
             is = first;
             ic = 0;
         }
     };
     settle();
-    int allowed = chain_reach(cd, 0);
-    long long issued = 0, done = 0;
+    int allowed = chain_reach(cd, 0), in_flight = 0;
     auto top_up = [&]() {
-        while (issued - done < stages && ip < cd.nph && ip <= allowed) {
-            const int slot = (int)(issued % stages);
+        while (in_flight < stages && ip < cd.nph && ip <= allowed) {
             if (lane == 0) {
-                const uint32_t b = cu_smem_addr(&bars[warp][slot]), dst = cu_smem_addr(ring + (size_t)slot * chunk);
+                const uint32_t b = cu_smem_addr(&bars[warp][islot]), dst = cu_smem_addr(ring + (size_t)islot * chunk);
                 cu_mbar_expect(b, (uint32_t)chunk);
-                cu_bulk_copy(dst, base + cd.off[ip] + is * cd.seg[ip] + (long long)ic * chunk, (uint32_t)chunk, b);
+                cu_bulk_copy(dst, base + cd.off[ip] + (long long)is * cd.seg[ip] + (long long)ic * chunk, (uint32_t)chunk, b);
             }
-            issued++;
-            if (++ic == (int)(cd.seg[ip] / chunk)) {
+            in_flight++;
+            if (++islot == stages) islot = 0;
+            if (++ic == cd.cps[ip]) {
                 ic = 0;
                 is += tw;
                 settle();
@@ -224,6 +230,7 @@ __global__ void k_chain(const uint8_t *base, chain_dev cd, int chunk, int stages
     };
     top_up();
     unsigned acc = 0, parity = 0;
+    int slot = 0;
     for (int p = 0; p < cd.nph; p++) {
         if (p > 0 && cd.sync[p] != SYNC_NONE) {
             grid_barrier(bar);
@@ -232,15 +239,14 @@ __global__ void k_chain(const uint8_t *base, chain_dev cd, int chunk, int stages
                 top_up();
             }
         }
-        long long mine = 0;
-        for (long long sg = first; sg < cd.total[p] / cd.seg[p]; sg += tw) mine += cd.seg[p] / chunk;
-        for (long long k = 0; k < mine; k++) {
-            const int slot = (int)(done % stages);
+        const int mine = first < cd.nseg[p] ? (cd.nseg[p] - first + tw - 1) / tw * cd.cps[p] : 0;
+        for (int k = 0; k < mine; k++) {
             cu_mbar_wait(cu_smem_addr(&bars[warp][slot]), (parity >> slot) & 1u);
             parity ^= 1u << slot;
             acc ^= reinterpret_cast<const unsigned *>(ring + (size_t)slot * chunk)[lane];
             __syncwarp();
-            done++;
+            if (++slot == stages) slot = 0;
+            in_flight--;
             top_up();
         }
     }
@@ -320,14 +326,20 @@ static bool parse_chain(const char *s, cfg &c, chain_dev &cd)
     return true;
 }
 
-static const char *check_chain(const cfg &c, const chain_dev &cd, int max_smem)
+static const char *check_chain(const cfg &c, chain_dev &cd, int max_smem)
 {
     if (c.grid < 1 || c.warps < 1 || c.warps > MAX_WARPS || c.stages < 1 || c.stages > MAX_STAGES)
         return "GRID, WARPS (1..32) or STAGES (1..16) out of range";
     if (c.chunk < 16 || c.chunk % 16 || c.chunk > (1 << 20)) return "CHUNK must be a multiple of 16 (at most 1 MiB)";
-    for (int p = 0; p < cd.nph; p++)
+    for (int p = 0; p < cd.nph; p++) {
         if (cd.seg[p] % c.chunk || cd.total[p] % cd.seg[p])
             return "every phase's SEG must be a multiple of CHUNK and divide its TOTAL";
+        if (cd.total[p] / cd.seg[p] > (1LL << 30) || cd.seg[p] / c.chunk > (1LL << 30))
+            return "a phase of more than 2^30 segments or chunks per segment";
+        cd.nseg[p] = (int)(cd.total[p] / cd.seg[p]);
+        cd.cps[p] = (int)(cd.seg[p] / c.chunk);
+    }
+    if ((long long)c.grid * c.warps > (1LL << 30)) return "GRID x WARPS above 2^30";
     if ((long long)c.warps * c.stages * c.chunk > max_smem) return "WARPS x STAGES x CHUNK exceeds shared memory";
     return nullptr;
 }
