@@ -27,7 +27,8 @@
  *
  * A chain (--chain) is one launch that reads up to four phases one after another, the
  * skeleton of a whole MoE block in one launch (router, then the routed W13, then W2):
- * PHASES is TOTAL_B@SEG_B items joined by ',' (no barrier: the next phase's bytes streamed
+ * PHASES is TOTAL_B@SEG_B[*WORK] items (WORK: the stand-in arithmetic per chunk of that phase, as
+ * in --cfg) joined by ',' (no barrier: the next phase's bytes streamed
  * on), '/' (a grid-wide barrier, the next phase's copies issued only after it: its
  * addresses depend on what came before, as the routed experts' on the routing) or '+' (a
  * grid-wide barrier with the next phase's first STAGES chunks issued before it: its bytes
@@ -72,6 +73,7 @@ enum { SYNC_NONE = 0, SYNC_DEP = 1, SYNC_EARLY = 2 };
 struct chain_dev {
     long long off[MAX_PHASES], total[MAX_PHASES], seg[MAX_PHASES];
     int nseg[MAX_PHASES], cps[MAX_PHASES]; /* segments of the phase, chunks per segment (set by check_chain) */
+    int work[MAX_PHASES];                  /* the stand-in arithmetic per chunk of the phase (0: none) */
     int sync[MAX_PHASES];                  /* sync[0] unused */
     int nph;
 };
@@ -87,6 +89,22 @@ __device__ uint8_t *warp_ring(uint64_t (*bars)[MAX_STAGES], int stages, int chun
     cu_mbar_init_fence();
     __syncwarp();
     return reinterpret_cast<uint8_t *>(ring_sh) + (size_t)warp * stages * chunk;
+}
+
+/* WORK floating-point instructions per lane on a chunk's word (eight independent chains), folded
+ * into acc: the stand-in for the decode kernel's arithmetic on a chunk. */
+__device__ __forceinline__ unsigned stand_in_work(unsigned word, int work)
+{
+    float f[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) f[j] = __uint_as_float((word & 0x007fffffu) | 0x3f800000u) + (float)j;
+    for (int i = 0; i < work; i += 8)
+#pragma unroll
+        for (int j = 0; j < 8; j++) f[j] = __fmaf_rn(f[j], 0.999f, 0.001f);
+    unsigned acc = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) acc += __float_as_uint(f[j]);
+    return acc;
 }
 
 __global__ void k_bulk(const uint8_t *base, long long total, long long seg, int chunk, int stages, int work, unsigned *sink)
@@ -120,16 +138,7 @@ __global__ void k_bulk(const uint8_t *base, long long total, long long seg, int 
         phases ^= 1u << slot;
         const unsigned word = reinterpret_cast<const unsigned *>(ring + (size_t)slot * chunk)[lane];
         acc ^= word;
-        if (work > 0) {
-            float f[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) f[j] = __uint_as_float((word & 0x007fffffu) | 0x3f800000u) + (float)j;
-            for (int i = 0; i < work; i += 8)
-#pragma unroll
-                for (int j = 0; j < 8; j++) f[j] = __fmaf_rn(f[j], 0.999f, 0.001f);
-#pragma unroll
-            for (int j = 0; j < 8; j++) acc += __float_as_uint(f[j]);
-        }
+        if (work > 0) acc += stand_in_work(word, work);
         __syncwarp();
         if (issued < todo) {
             issue(slot);
@@ -243,7 +252,9 @@ __global__ void k_chain(const uint8_t *base, chain_dev cd_param, int chunk, int 
         for (int k = 0; k < mine; k++) {
             cu_mbar_wait(cu_smem_addr(&bars[warp][slot]), (parity >> slot) & 1u);
             parity ^= 1u << slot;
-            acc ^= reinterpret_cast<const unsigned *>(ring + (size_t)slot * chunk)[lane];
+            const unsigned word = reinterpret_cast<const unsigned *>(ring + (size_t)slot * chunk)[lane];
+            acc ^= word;
+            if (cd.work[p] > 0) acc += stand_in_work(word, cd.work[p]);
             __syncwarp();
             if (++slot == stages) slot = 0;
             in_flight--;
@@ -293,7 +304,7 @@ static bool parse_cfg(const char *s, cfg &c)
     return true;
 }
 
-/* NAME:GRID:WARPS:STAGES:CHUNK_B:PHASES, PHASES = TOTAL_B@SEG_B joined by ',', '/' or '+'
+/* NAME:GRID:WARPS:STAGES:CHUNK_B:PHASES, PHASES = TOTAL_B@SEG_B[*WORK] joined by ',', '/' or '+'
  * (1 to MAX_PHASES of them); fills c (total: the phases' sum) and cd (offsets, kinds). */
 static bool parse_chain(const char *s, cfg &c, chain_dev &cd)
 {
@@ -306,15 +317,21 @@ static bool parse_chain(const char *s, cfg &c, chain_dev &cd)
     long long off = 0;
     for (;;) {
         long long tot, seg;
-        int n = -1;
+        int n = -1, wk = 0;
         if (cd.nph == MAX_PHASES || sscanf(r, "%lld@%lld%n", &tot, &seg, &n) != 2 || n < 0) return false;
         if (tot <= 0 || seg <= 0 || tot > (1LL << 36) || seg > tot) return false;
+        r += n;
+        if (*r == '*') { /* the phase's stand-in WORK per chunk */
+            n = -1;
+            if (sscanf(r + 1, "%d%n", &wk, &n) != 1 || n < 0 || wk < 0 || wk > 100000) return false;
+            r += 1 + n;
+        }
+        cd.work[cd.nph] = wk;
         cd.off[cd.nph] = off;
         cd.total[cd.nph] = tot;
         cd.seg[cd.nph] = seg;
         off += tot;
         cd.nph++;
-        r += n;
         if (*r == '\0') break;
         const int kind = *r == ',' ? SYNC_NONE : *r == '/' ? SYNC_DEP : *r == '+' ? SYNC_EARLY : -1;
         if (kind < 0) return false;
@@ -378,7 +395,7 @@ int main(int argc, char **argv)
             if (!parse_chain(argv[++i], c, cd)) {
                 fprintf(stderr,
                         "mem_probe: --chain %s: expected NAME:GRID:WARPS:STAGES:CHUNK_B:PHASES, PHASES of 1 to %d "
-                        "TOTAL_B@SEG_B joined by ',', '/' or '+'\n",
+                        "TOTAL_B@SEG_B[*WORK] joined by ',', '/' or '+'\n",
                         argv[i], MAX_PHASES);
                 return 2;
             }
@@ -443,6 +460,13 @@ int main(int argc, char **argv)
             "chain_m4_r/w13q+w2_g396:396:8:2:3200:2624000@3200/77824000@6400+38912000@6400",
             "chain_m1_block:132:16:4:3200:2624000@3200/20480000@6400,6553600@3200+13516800@6400",
             "chain_m4_block:132:16:4:3200:2624000@3200/77824000@6400,6553600@3200+42188800@6400",
+            /* the same with the stand-in arithmetic (440 per 3.2 KB chunk) on the routed W13 and on
+             * W2, the router's and the shared W13's chunks without it; and the routed W13 and W2
+             * in the single read's dealing (6.4 KB segments, no barrier) with it, their bound */
+            "chain_m1_block_work:132:16:4:3200:2624000@3200/20480000@6400*440,6553600@3200+13516800@6400*440",
+            "chain_m4_block_work:132:16:4:3200:2624000@3200/77824000@6400*440,6553600@3200+42188800@6400*440",
+            "chain_m4_w13q,w2:132:16:4:3200:77824000@6400,38912000@6400",
+            "chain_m4_w13q,w2_work:132:16:4:3200:77824000@6400*440,38912000@6400*440",
         };
         for (const char *t : dc) {
             cfg c;
