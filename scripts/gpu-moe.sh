@@ -26,7 +26,8 @@
 #             kernel at M = 1, one sample per 32 cycles (sass_route_M1.csv.gz)
 #   probe     bench/gpu/mem_probe: the memory side's floor for the decode kernel's access
 #             pattern (bulk-copy rings and plain loads, no arithmetic), the block's reads in one
-#             launch with grid-wide barriers between phases (chains), and where the hardware
+#             launch with grid-wide barriers between phases (chains; some with a stand-in for
+#             the arithmetic), and where the hardware
 #             places the blocks of persistent grids; bench/gpu/mma_probe: wgmma against
 #             mma.sync bit for bit, and the latency of wgmma steps
 #   prefill   the M = 784 grouped call under ncu: the decode kernels' per-instruction execution
