@@ -484,7 +484,12 @@ int main(int argc, char **argv)
     cudaDeviceProp prop;
     BENCH_CK(cudaGetDeviceProperties(&prop, dev));
     BENCH_CK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    max_smem -= MAX_WARPS * MAX_STAGES * 8;
+    /* each kernel's rings get what its static shared memory (barriers; the chain's table) leaves */
+    cudaFuncAttributes fa_bulk, fa_chain;
+    BENCH_CK(cudaFuncGetAttributes(&fa_bulk, k_bulk));
+    BENCH_CK(cudaFuncGetAttributes(&fa_chain, k_chain));
+    const int max_chain = max_smem - (int)fa_chain.sharedSizeBytes;
+    max_smem -= (int)fa_bulk.sharedSizeBytes;
     long long most = 0;
     for (auto &c : cfgs) {
         const char *why = check_cfg(c, max_smem);
@@ -495,10 +500,10 @@ int main(int argc, char **argv)
         most = std::max(most, c.total);
     }
     BENCH_CK(cudaFuncSetAttribute(k_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
-    BENCH_CK(cudaFuncSetAttribute(k_chain, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
+    BENCH_CK(cudaFuncSetAttribute(k_chain, cudaFuncAttributeMaxDynamicSharedMemorySize, max_chain));
     for (size_t i = 0; i < chains.size(); i++) {
         const cfg &c = chains[i];
-        const char *why = check_chain(c, chain_devs[i], max_smem);
+        const char *why = check_chain(c, chain_devs[i], max_chain);
         int per_sm = 0;
         if (!why) {
             BENCH_CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_chain, c.warps * 32,
