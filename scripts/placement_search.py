@@ -17,7 +17,6 @@ candidates are kept only where every one of the 256 values of the register's eig
 decodes exactly (no carry from the stray copies into a kept bit). The script prints the fewest
 instructions per word for each format and the decodes that reach it. No GPU, no dependencies.
 """
-import itertools
 import sys
 
 
