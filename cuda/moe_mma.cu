@@ -355,6 +355,16 @@ __device__ __forceinline__ int *xs_emax()
     return e;
 }
 
+/* The same staging's epilogue factors: entry j the 2^(126 - s) of staged row min(j, count - 1)
+ * (bf16_row_unscale of its exponent), every entry written, so that the epilogue of the decode
+ * kernel reads a lane's factor without the clamp and the exponent arithmetic per item
+ * (unscale_sums_f) */
+__device__ __forceinline__ float *xs_unscale()
+{
+    __shared__ float f[XS_ROWS_MAX];
+    return f;
+}
+
 /* k_dec's: two buffers by the parity of its stagings, so that a staging clears the next one's
  * buffer (whose readers finished before this staging's barrier) instead of clearing its own
  * behind a barrier more */
@@ -380,6 +390,22 @@ __device__ __forceinline__ void unscale_sums(float (&v)[N][4], int count, int la
             f0 = bf16_row_unscale(em[c0 < count ? c0 : count - 1]);
             f1 = bf16_row_unscale(em[c1 < count ? c1 : count - 1]);
         }
+        v[nt][0] = __fmul_rn(v[nt][0], f0);
+        v[nt][1] = __fmul_rn(v[nt][1], f1);
+        v[nt][2] = __fmul_rn(v[nt][2], f0);
+        v[nt][3] = __fmul_rn(v[nt][3], f1);
+    }
+}
+
+/* unscale_sums for BF16 inputs staged by stage_x with SC 2 (f: xs_unscale(), whose entries past
+ * count repeat row count - 1's): the same factors, read as they are */
+template <int N>
+__device__ __forceinline__ void unscale_sums_f(float (&v)[N][4], int lane, const float *f)
+{
+#pragma unroll
+    for (int nt = 0; nt < N; nt++) {
+        const int c0 = nt * 8 + 2 * (lane & 3);
+        const float f0 = f[c0], f1 = f[c0 + 1];
         v[nt][0] = __fmul_rn(v[nt][0], f0);
         v[nt][1] = __fmul_rn(v[nt][1], f1);
         v[nt][2] = __fmul_rn(v[nt][2], f0);
@@ -498,8 +524,8 @@ __device__ __forceinline__ void store_x4(uint4 q, uint32_t *d, int copy)
  * buffer, zero for the staged rows: the warp's lanes of one row combined first, then one
  * shared-memory maximum), the rows staged as they are (the kernel multiplies them: dec_chunk's
  * BSC), and em_next (XS_ROWS_MAX entries) is cleared for the next staging; SC 2: into
- * xs_emax(), cleared behind a barrier, and after another barrier a second pass multiplies each
- * staged row by 2^bf16_row_shift of it. */
+ * xs_emax(), cleared behind a barrier, and after another barrier the rows' epilogue factors go
+ * to xs_unscale() and a second pass multiplies each staged row by 2^bf16_row_shift of it. */
 template <bool SPLIT, int U, int SC = 0>
 __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, int64_t slot0, int count, uint32_t *xs,
                                         int s0 = 0, int s1 = -1, int *em = nullptr, int *em_next = nullptr)
@@ -562,9 +588,20 @@ __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, 
         if (threadIdx.x < XS_ROWS_MAX) em_next[threadIdx.x] = 0;
     if constexpr (SC == 2) {
         __syncthreads();
+        if ((int)threadIdx.x < XS_ROWS_MAX && count > 0)
+            xs_unscale()[threadIdx.x] = bf16_row_unscale(em[(int)threadIdx.x < count ? threadIdx.x : count - 1]);
+        /* (row, piece) of idx walked without a division per piece: idx advances by step, i.e.
+         * by dj rows and dv pieces, with one carry */
+        const int nvd = nv > 0 ? nv : 1, dj = step / nvd, dv = step - dj * nvd;
+        int j = (int)threadIdx.x / nvd, v = (int)threadIdx.x - j * nvd;
         for (int idx = threadIdx.x; idx < total; idx += step) {
-            const int j = idx / nv, v = v0 + (idx - j * nv);
-            bf16_staged_pow2(xs + j * xs_w + xs_word(v, s0), bf16_row_shift(em[j]));
+            bf16_staged_pow2(xs + j * xs_w + xs_word(v0 + v, s0), bf16_row_shift(em[j]));
+            j += dj;
+            v += dv;
+            if (v >= nv) {
+                v -= nv;
+                j++;
+            }
         }
     }
     __syncthreads();
@@ -1933,7 +1970,10 @@ __global__ void __launch_bounds__(DW * 32, dec_blocks(NT, DW)) k_dec(mm_args a, 
             slot = slot + 1 == DEC_STAGES ? 0 : slot + 1;
         }
         if (live) {
-            unscale_sums<ACT>(v, cur.count, lane, SC == 1 ? xs_emax2(stg) : SC == 2 ? xs_emax() : nullptr);
+            if constexpr (SC == 2)
+                unscale_sums_f(v, lane, xs_unscale());
+            else
+                unscale_sums<ACT>(v, cur.count, lane, SC == 1 ? xs_emax2(stg) : nullptr);
             const int ntn = (cur.count + 7) / 8;
             mm_epilogue<NT, ACT, EPI>(c, rt, cur.count, cur.plist, cur.slot0, lane, ntn < NT ? ntn : NT, v);
         }
