@@ -343,6 +343,11 @@ sanitize_narrow)
   s racecheck_narrow compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 128 --hidden 640 --inter 160 --shared 160 --M 16,32 --iters 2 --sets 1 --act fp16 --separate-combine ;;
 sanitize_bf16)
   s memcheck_bf16 compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,4,5,16,40 --iters 2 --sets 1 --act bf16
+  # grouped prefill with BF16 inputs (stage_x SC 2: the rows' epilogue factors staged once):
+  # 300 tokens on the small shape (W13 and W2 in chunks of 10 and 5 steps) and 784 on 64
+  # experts of the production rows
+  s memcheck_bf16_grouped compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 300 --iters 2 --sets 1 --act bf16 --dispatch grouped
+  s memcheck_bf16_prefill compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 784 --iters 1 --sets 1 --act bf16 --dispatch grouped
   s memcheck_bf16_generic compute-sanitizer --tool memcheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 64 --M 1,17 --iters 2 --sets 1 --act bf16 --kernels generic
   s racecheck_bf16_direct compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,4,9,16,300 --iters 2 --sets 1 --act bf16
   s racecheck_bf16_generic compute-sanitizer --tool racecheck --error-exitcode 9 $B/moe_decode --no-cublas --experts 32 --hidden 320 --inter 160 --shared 160 --M 1,9,17,40 --iters 2 --sets 1 --act bf16 --kernels generic --dispatch grouped
