@@ -374,6 +374,16 @@ __device__ __forceinline__ int *xs_emax2(int parity)
     return e[parity & 1];
 }
 
+/* One 8-token tile's four sums of lane (g, q) times its two columns' factors: elements 0 and 2
+ * are column 2q's, 1 and 3 column 2q + 1's. */
+__device__ __forceinline__ void mul_cols(float (&t)[4], float f0, float f1)
+{
+    t[0] = __fmul_rn(t[0], f0);
+    t[1] = __fmul_rn(t[1], f1);
+    t[2] = __fmul_rn(t[2], f0);
+    t[3] = __fmul_rn(t[3], f1);
+}
+
 /* The sums' scaling removed, exactly: per token column for BF16 inputs (2^(126 - s) of the
  * column's staged row, em: the staging's exponents; columns past count are never stored and take
  * row count - 1),
@@ -390,10 +400,7 @@ __device__ __forceinline__ void unscale_sums(float (&v)[N][4], int count, int la
             f0 = bf16_row_unscale(em[c0 < count ? c0 : count - 1]);
             f1 = bf16_row_unscale(em[c1 < count ? c1 : count - 1]);
         }
-        v[nt][0] = __fmul_rn(v[nt][0], f0);
-        v[nt][1] = __fmul_rn(v[nt][1], f1);
-        v[nt][2] = __fmul_rn(v[nt][2], f0);
-        v[nt][3] = __fmul_rn(v[nt][3], f1);
+        mul_cols(v[nt], f0, f1);
     }
 }
 
@@ -406,10 +413,7 @@ __device__ __forceinline__ void unscale_sums_f(float (&v)[N][4], int lane, const
     for (int nt = 0; nt < N; nt++) {
         const int c0 = nt * 8 + 2 * (lane & 3);
         const float f0 = f[c0], f1 = f[c0 + 1];
-        v[nt][0] = __fmul_rn(v[nt][0], f0);
-        v[nt][1] = __fmul_rn(v[nt][1], f1);
-        v[nt][2] = __fmul_rn(v[nt][2], f0);
-        v[nt][3] = __fmul_rn(v[nt][3], f1);
+        mul_cols(v[nt], f0, f1);
     }
 }
 
@@ -525,8 +529,9 @@ __device__ __forceinline__ void store_x4(uint4 q, uint32_t *d, int copy)
  * shared-memory maximum), the rows staged as they are (the kernel multiplies them: dec_chunk's
  * BSC), and em_next (XS_ROWS_MAX entries) is cleared for the next staging; SC 2: into
  * xs_emax(), cleared behind a barrier, and after another barrier the rows' epilogue factors go
- * to xs_unscale() and a second pass multiplies each staged row by 2^bf16_row_shift of it. */
-template <bool SPLIT, int U, int SC = 0>
+ * to xs_unscale() (FACT: k_dec's epilogue reads them, k_mm's reads xs_emax()) and a second pass
+ * multiplies each staged row by 2^bf16_row_shift of it. */
+template <bool SPLIT, int U, int SC = 0, bool FACT = true>
 __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, int64_t slot0, int count, uint32_t *xs,
                                         int s0 = 0, int s1 = -1, int *em = nullptr, int *em_next = nullptr)
 {
@@ -588,7 +593,7 @@ __device__ __forceinline__ void stage_x(const mm_args &a, const int32_t *plist, 
         if (threadIdx.x < XS_ROWS_MAX) em_next[threadIdx.x] = 0;
     if constexpr (SC == 2) {
         __syncthreads();
-        if ((int)threadIdx.x < XS_ROWS_MAX && count > 0)
+        if (FACT && (int)threadIdx.x < XS_ROWS_MAX && count > 0)
             xs_unscale()[threadIdx.x] = bf16_row_unscale(em[(int)threadIdx.x < count ? threadIdx.x : count - 1]);
         /* (row, piece) of idx walked without a division per piece: idx advances by step, i.e.
          * by dj rows and dv pieces, with one carry */
@@ -813,7 +818,7 @@ __device__ __forceinline__ void mm_chunk(const mm_args &a, int64_t mat, int64_t 
             /* staged by the round already (cu_mm only passes xst to such calls: BF16 weights,
              * range groups, the chunks on NC warps, K staged whole) */
             if (WK == 2 && a.c.xst) stage_img<SPLIT>(a, slot0, count, xs);
-            else stage_x<SPLIT, 2, WK < 2 && ACT == 2 ? 2 : 0>(a, plist, slot0, count, xs, s0, s1);
+            else stage_x<SPLIT, 2, WK < 2 && ACT == 2 ? 2 : 0, false>(a, plist, slot0, count, xs, s0, s1);
             cu_tl_mark(mm_tl_role(WK == 2, a.c.epi), 1); /* the inputs staged */
         }
         mm_compute<WK, ACT, NT, PF>(a, mat, base, n, count, xs, s0, lane, r, acc);
