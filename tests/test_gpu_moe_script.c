@@ -8,7 +8,8 @@
  * SAN_MEM_GB for it, SAN_LIMIT cutting a line with rc 124, PACK=1 moving the logs into one
  * archive (at the end, or when stopped), SAN_ONLY choosing lines by name, a compact bundle's
  * NAME.xz decompressed first, and bad settings refused; and scripts/device-bundle.sh with and
- * without COMPACT=1. The stand-ins: build/device/moe_decode (records its call and how many
+ * without COMPACT=1; scripts/device-base.sh on a scratch repository whose make target builds a
+ * program that prints its commit's source. The stand-ins: build/device/moe_decode (records its call and how many
  * instances run at once) and compute-sanitizer / nvidia-smi on PATH, in a scratch directory the
  * script runs from.
  */
@@ -284,6 +285,60 @@ static void device_bundle_compact(void **state)
                      2);
 }
 
+/* scripts/device-base.sh in a scratch repository whose make target compiles a program that
+ * prints the word in `src`: the program of the commit named (not of the working tree's
+ * uncommitted change), the patch applied when given, NAME in the file name, the temporary
+ * worktree removed in every case; bad arguments, a patch that does not apply and a failing
+ * build refused (rc 2) with nothing written. */
+static void device_base_builds_rev(void **state)
+{
+    (void)state;
+    const char *dir = setup_tree("base");
+    const char *g = "git -c user.name=t -c user.email=t@t";
+    char p[2304];
+    assert_int_equal(td_test_sh("mkdir -p '%s/r'", dir), 0);
+    snprintf(p, sizeof p, "%s/r/Makefile", dir);
+    td_test_write_str(p, "build/gpu/bench/moe_decode: src\n"
+                         "\tgrep -qv fail src\n"
+                         "\tmkdir -p build/gpu/bench\n"
+                         "\tprintf '#include <stdio.h>\\nint main(void){puts(\"%s\");return 0;}\\n' "
+                         "\"$$(cat src)\" > m.c\n"
+                         "\tcc -o $@ m.c\n");
+    snprintf(p, sizeof p, "%s/p.patch", dir);
+    td_test_write_str(p, "--- a/src\n+++ b/src\n@@ -1 +1 @@\n-one\n+patched\n");
+    /* three commits: src one, fail, one again; then an uncommitted change to dirty */
+    assert_int_equal(td_test_sh("cd '%s/r' && git init -q . && echo one > src && printf '/build/\\nm.c\\n' > .gitignore && "
+                                "%s add -A && %s commit -qm one && echo fail > src && %s commit -qam fail && "
+                                "echo one > src && %s commit -qam one && echo dirty > src",
+                                dir, g, g, g, g), 0);
+    /* before make device-bundle: no build/device */
+    assert_int_equal(td_test_sh("cd '%s/r' && '%s/scripts/device-base.sh' HEAD > ../log 2>&1", dir, g_repo), 2);
+    assert_int_equal(td_test_sh("grep -q 'run make device-bundle first' '%s/log'", dir), 0);
+    assert_int_equal(td_test_sh("mkdir -p '%s/r/build/device'", dir), 0);
+    assert_int_equal(td_test_sh("cd '%s/r' && '%s/scripts/device-base.sh' HEAD > ../log 2>&1 && "
+                                "xz -dc build/device/moe_decode_base.xz > ../b && chmod +x ../b && "
+                                "test \"$(../b)\" = one && test -x build/device/moe_decode_base.xz && "
+                                "test \"$(cat src)\" = dirty",
+                                dir, g_repo), 0);
+    assert_int_equal(td_test_sh("cd '%s/r' && '%s/scripts/device-base.sh' HEAD alt ../p.patch > ../log 2>&1 && "
+                                "xz -dc build/device/moe_decode_alt.xz > ../a && chmod +x ../a && "
+                                "test \"$(../a)\" = patched && grep -q 'p.patch' ../log",
+                                dir, g_repo), 0);
+    /* refused: a commit that does not exist, a bad name, a missing or foreign patch, a build
+     * that fails (HEAD~1's src says fail) */
+    assert_int_equal(td_test_sh("cd '%s/r' && '%s/scripts/device-base.sh' nosuch > ../log 2>&1", dir, g_repo), 2);
+    assert_int_equal(td_test_sh("grep -q \"no commit named 'nosuch'\" '%s/log'", dir), 0);
+    assert_int_equal(td_test_sh("cd '%s/r' && '%s/scripts/device-base.sh' HEAD Bad > ../log 2>&1", dir, g_repo), 2);
+    assert_int_equal(td_test_sh("cd '%s/r' && '%s/scripts/device-base.sh' HEAD x ../none > ../log 2>&1", dir, g_repo), 2);
+    assert_int_equal(td_test_sh("cd '%s/r' && '%s/scripts/device-base.sh' HEAD~1 x ../p.patch > ../log 2>&1", dir, g_repo), 2);
+    assert_int_equal(td_test_sh("grep -q 'does not apply' '%s/log'", dir), 0);
+    assert_int_equal(td_test_sh("cd '%s/r' && '%s/scripts/device-base.sh' HEAD~1 broken > ../log 2>&1", dir, g_repo), 2);
+    assert_int_equal(td_test_sh("grep -q 'the build of .* failed' '%s/log'", dir), 0);
+    assert_int_equal(td_test_sh("cd '%s/r' && ! ls build/device | grep -q -e '^moe_decode_x' -e broken && "
+                                "test $(git worktree list | wc -l) -eq 1",
+                                dir), 0);
+}
+
 /* SAN_ONLY: only the named lines run (in lanes too); a name no chosen section has is an error
  * after the rest ran; a malformed list is refused before anything runs. */
 static void only_named_lines_run(void **state)
@@ -340,6 +395,7 @@ int main(void)
         cmocka_unit_test(pack_moves_logs_into_one_archive),
         cmocka_unit_test(compact_bundle_decompressed),
         cmocka_unit_test(device_bundle_compact),
+        cmocka_unit_test(device_base_builds_rev),
         cmocka_unit_test(only_named_lines_run),
         cmocka_unit_test(bad_settings_refused),
     };
