@@ -26,7 +26,7 @@ if [ -n "$patch" ]; then
   patch=$(cd "$(dirname "$patch")" && pwd)/$(basename "$patch")
 fi
 wt=$(mktemp -d "${TMPDIR:-/tmp}/td-base.XXXXXX")
-cleanup() { git worktree remove --force "$wt" 2>/dev/null || rm -rf "$wt"; git worktree prune; }
+cleanup() { rm -f "$wt.log"; git worktree remove --force "$wt" 2>/dev/null || rm -rf "$wt"; git worktree prune; }
 trap cleanup EXIT
 git worktree add --quiet --detach "$wt" "$commit"
 if [ -n "$patch" ]; then
@@ -34,8 +34,7 @@ if [ -n "$patch" ]; then
 fi
 echo "device-base: building bench/moe_decode of ${commit:0:12}${patch:+ with $(basename "$patch")} (about a minute)"
 make -C "$wt" -j"$jobs" build/gpu/bench/moe_decode > "$wt.log" 2>&1 || {
-  tail -20 "$wt.log" >&2; rm -f "$wt.log"; die "the build of ${commit:0:12} failed (its log's end above)"; }
-rm -f "$wt.log"
+  tail -20 "$wt.log" >&2; die "the build of ${commit:0:12} failed (its log's end above)"; }
 out=build/device/moe_decode_$name
 cp "$wt/build/gpu/bench/moe_decode" "$out.tmp"
 strip "$out.tmp"

@@ -332,8 +332,10 @@ static void device_base_builds_rev(void **state)
     assert_int_equal(td_test_sh("cd '%s/r' && '%s/scripts/device-base.sh' HEAD x ../none > ../log 2>&1", dir, g_repo), 2);
     assert_int_equal(td_test_sh("cd '%s/r' && '%s/scripts/device-base.sh' HEAD~1 x ../p.patch > ../log 2>&1", dir, g_repo), 2);
     assert_int_equal(td_test_sh("grep -q 'does not apply' '%s/log'", dir), 0);
-    assert_int_equal(td_test_sh("cd '%s/r' && '%s/scripts/device-base.sh' HEAD~1 broken > ../log 2>&1", dir, g_repo), 2);
+    assert_int_equal(td_test_sh("mkdir '%s/tmp' && cd '%s/r' && TMPDIR='%s/tmp' '%s/scripts/device-base.sh' HEAD~1 broken "
+                                "> ../log 2>&1", dir, dir, dir, g_repo), 2);
     assert_int_equal(td_test_sh("grep -q 'the build of .* failed' '%s/log'", dir), 0);
+    assert_int_equal(td_test_sh("test -z \"$(ls -A '%s/tmp')\"", dir), 0); /* worktree and log gone */
     assert_int_equal(td_test_sh("cd '%s/r' && ! ls build/device | grep -q -e '^moe_decode_x' -e broken && "
                                 "test $(git worktree list | wc -l) -eq 1",
                                 dir), 0);
