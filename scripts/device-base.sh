@@ -26,7 +26,8 @@ if [ -n "$patch" ]; then
   patch=$(cd "$(dirname "$patch")" && pwd)/$(basename "$patch")
 fi
 wt=$(mktemp -d "${TMPDIR:-/tmp}/td-base.XXXXXX")
-cleanup() { rm -f "$wt.log"; git worktree remove --force "$wt" 2>/dev/null || rm -rf "$wt"; git worktree prune; }
+out=build/device/moe_decode_$name
+cleanup() { rm -f "$wt.log" "$wt.bin" "$out.xz.tmp"; git worktree remove --force "$wt" 2>/dev/null || rm -rf "$wt"; git worktree prune; }
 trap cleanup EXIT
 git worktree add --quiet --detach "$wt" "$commit"
 if [ -n "$patch" ]; then
@@ -35,11 +36,8 @@ fi
 echo "device-base: building bench/moe_decode of ${commit:0:12}${patch:+ with $(basename "$patch")} (about a minute)"
 make -C "$wt" -j"$jobs" build/gpu/bench/moe_decode > "$wt.log" 2>&1 || {
   tail -20 "$wt.log" >&2; die "the build of ${commit:0:12} failed (its log's end above)"; }
-out=build/device/moe_decode_$name
-cp "$wt/build/gpu/bench/moe_decode" "$out.tmp"
-strip "$out.tmp"
-xz -9 -c "$out.tmp" > "$out.xz.tmp"
-rm -f "$out.tmp"
+strip -o "$wt.bin" "$wt/build/gpu/bench/moe_decode"
+xz -9 -c "$wt.bin" > "$out.xz.tmp"
 mv "$out.xz.tmp" "$out.xz"
 chmod +x "$out.xz"
 echo "device-base: $out.xz ($(stat -c %s "$out.xz") bytes) from ${commit:0:12}${patch:+ + $(basename "$patch")}"

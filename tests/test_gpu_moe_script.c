@@ -9,9 +9,9 @@
  * archive (at the end, or when stopped), SAN_ONLY choosing lines by name, a compact bundle's
  * NAME.xz decompressed first, and bad settings refused; and scripts/device-bundle.sh with and
  * without COMPACT=1; scripts/device-base.sh on a scratch repository whose make target builds a
- * program that prints its commit's source. The stand-ins: build/device/moe_decode (records its call and how many
- * instances run at once) and compute-sanitizer / nvidia-smi on PATH, in a scratch directory the
- * script runs from.
+ * program that prints its commit's source. The stand-ins: build/device/moe_decode (records its
+ * call and how many instances run at once) and compute-sanitizer / nvidia-smi on PATH, in a
+ * scratch directory the script runs from.
  */
 #include "test_common.h"
 
